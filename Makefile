@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   runs the main job on the device (Lavapipe or a real GPU)
+#   make test   runs the tests under Lavapipe with synchronization validation
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.vkspec-setup
+
+.PHONY: setup demo test bench shaders
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml ci/kompute/kp-0.9.0-vkspec.patch ci/kompute/build-kp.sh ci/lavapipe/setup.sh
+	bash ci/lavapipe/setup.sh
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check "$$(PYTHON=$(PY) bash ci/kompute/build-kp.sh)"
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/vkspec selftest
+
+test: setup
+	bash ci/lavapipe/test.sh -q
+
+bench: setup
+	$(VENV)/bin/python tests/bench/bench_core.py
+
+shaders: setup
+	$(VENV)/bin/python vkspec/shaders/build.py

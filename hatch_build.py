@@ -1,0 +1,22 @@
+"""Build hook: compile every vkspec/shaders/*.comp to SPIR-V and ship the .spv files."""
+
+import importlib.util
+from pathlib import Path
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+
+class ShaderBuildHook(BuildHookInterface):
+    PLUGIN_NAME = "vkspec-shaders"
+
+    def initialize(self, version, build_data):
+        path = Path(self.root) / "vkspec" / "shaders" / "build.py"
+        spec = importlib.util.spec_from_file_location("vkspec_shader_build", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        try:
+            for p in mod.compile_all():
+                self.app.display_info(f"compiled {p.name}")
+        except mod.ShaderError as e:
+            raise SystemExit(str(e)) from None
+        build_data["artifacts"].append("vkspec/shaders/*.spv")

@@ -1,0 +1,48 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vkspec.selftest import same_bits  # noqa: F401  (re-exported for tests)
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    from vkspec.backends import get_backend
+    return get_backend("cpu")
+
+
+@pytest.fixture(scope="session")
+def vk():
+    """The Vulkan backend. Under `make test` (VKSPEC_REQUIRE_DEVICE=1) a missing
+    device fails the run; only a bare `pytest` outside CI may skip."""
+    from vkspec.backends import get_backend
+    try:
+        return get_backend("vulkan")
+    except Exception as e:
+        if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
+            pytest.fail(f"no usable Vulkan device: {e}", pytrace=False)
+        pytest.skip(f"no Vulkan device ({e}); run `make test` for the real suite")
+
+
+@pytest.fixture(autouse=True)
+def no_validation_messages():
+    """Any message of the Khronos validation layer during a test fails it."""
+    log = os.environ.get("VKSPEC_VK_LOG")
+    if not log:
+        yield
+        return
+    path = Path(log)
+    before = path.stat().st_size if path.exists() else 0
+    yield
+    if path.exists() and path.stat().st_size > before:
+        with path.open() as f:
+            f.seek(before)
+            text = f.read()
+        pytest.fail(f"Vulkan validation reported:\n{text[:4000]}", pytrace=False)
+
+
+def bits_equal(a, b):
+    assert np.asarray(a).shape == np.asarray(b).shape
+    assert same_bits(a, b), "device and CPU differ"

@@ -1,0 +1,127 @@
+"""Every core function and GEMV: the device equals NumPy byte for byte."""
+
+import numpy as np
+import pytest
+
+from vkspec import exact, quant
+from vkspec.selftest import inputs, same_bits
+
+from conftest import bits_equal
+
+
+@pytest.mark.parametrize("op", range(len(exact.ELEMENTWISE)),
+                         ids=[f.__name__ for f in exact.ELEMENTWISE])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_elementwise(cpu, vk, op, seed):
+    x = inputs(seed)
+    bits_equal(cpu.core_eval(x, op), vk.core_eval(x, op))
+
+
+def test_denormal_inputs_and_outputs(cpu, vk):
+    rng = np.random.default_rng(3)
+    den = (rng.integers(1, 1 << 23, 2000).astype(np.uint32)).view(np.float32)
+    x = np.concatenate([den, -den, np.float32(-87.0) - rng.uniform(0, 17, 2000).astype(np.float32)])
+    for op, f in enumerate(exact.ELEMENTWISE):
+        bits_equal(cpu.core_eval(x, op), vk.core_eval(x, op))
+    # exp really produces denormals, and the device keeps them
+    e = vk.core_eval(np.array([-100.0], np.float32), 0)
+    assert 0 < e[0] < np.float32(1.17549435e-38)
+
+
+def test_inf_nan_policy(cpu):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)
+    e, l, r, q = (cpu.core_eval(x, i) for i in range(4))
+    assert e[0] == np.inf and e[1] == 0 and np.isnan(e[2]) and e[3] == 1 and e[4] == 1
+    assert l[0] == np.inf and np.isnan(l[1]) and np.isnan(l[2]) and l[3] == -np.inf
+    assert r[0] == 0 and r[1] == 0 and np.signbit(r[1]) and r[3] == np.inf and r[4] == -np.inf
+    assert q[0] == 0 and np.isnan(q[1]) and q[3] == np.inf
+    assert exact.argmax(np.array([np.nan, 1.0, 3.0, 3.0, np.nan], np.float32)) == 2
+    assert exact.argmax(np.array([np.nan, np.nan], np.float32)) == 0
+
+
+GEMV_SHAPES = [(1, 1), (7, 127), (33, 128), (64, 129), (130, 300), (257, 1000)]
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("shape", GEMV_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gemv_rows_1_to_8(cpu, vk, fmt, shape):
+    rng = np.random.default_rng(shape[0] * 31 + shape[1])
+    w = quant.quantize(rng.standard_normal(shape).astype(np.float32), fmt)
+    xs = (rng.standard_normal((8, shape[1])) * 10).astype(np.float32)
+    alone = [cpu.gemv(w, xs[r]) for r in range(8)]
+    for n in range(1, 9):
+        got_cpu, got_vk = cpu.gemv(w, xs[:n]), vk.gemv(w, xs[:n])
+        bits_equal(got_cpu, got_vk)
+        for r in range(n):   # row r of a block has the bits of row r alone
+            assert same_bits(got_vk[r], alone[r])
+
+
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+def test_gemv_edge_values(cpu, vk, fmt):
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((40, 256)).astype(np.float32)
+    w[0] = 0.0
+    w[1] *= np.float32(1e-38)                  # products in the denormal range
+    w[2] *= np.float32(1e30)                   # large magnitudes
+    w[3, :7] = [1e-45, -1e-45, 3e38, -3e38, 1e-40, 0.0, -0.0]
+    xs = rng.standard_normal((4, 256)).astype(np.float32)
+    xs[1] *= np.float32(1e-20)
+    xs[2] = 0.0
+    xs[3, :3] = [np.inf, np.nan, -np.inf]
+    q = quant.quantize(w, fmt)
+    bits_equal(cpu.gemv(q, xs), vk.gemv(q, xs))
+
+
+def test_gemv_matches_float64_closely(cpu):
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((64, 700)).astype(np.float32)
+    x = rng.standard_normal(700).astype(np.float32)
+    y = cpu.gemv(quant.quantize(w, "f32"), x)
+    ref = w.astype(np.float64) @ x.astype(np.float64)
+    assert np.max(np.abs(y - ref)) < 1e-4
+
+
+def test_quantized_values_are_q_times_scale():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((5, 200)).astype(np.float32)
+    for fmt, tol in (("int8", 1 / 127), ("int4-g64", 1 / 7)):
+        d = quant.dequantize(quant.quantize(w, fmt))[:, :200]
+        assert np.max(np.abs(d - w)) <= tol * np.abs(w).max() * 0.51 + 1e-6
+
+
+@pytest.mark.parametrize("n", [1, 5, 127, 128, 129, 1000, 2048])
+def test_rmsnorm_softmax_argmax(cpu, vk, n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((5, n)) * 4).astype(np.float32)
+    x[4] = 0.0
+    w = (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+    bits_equal(cpu.rmsnorm(x, w, 1e-6), vk.rmsnorm(x, w, 1e-6))
+    bits_equal(cpu.softmax(x), vk.softmax(x))
+    bits_equal(cpu.argmax(x), vk.argmax(x))
+
+
+def test_argmax_ties_and_nan(cpu, vk):
+    x = np.array([[1, 3, 3, 2], [np.nan, 0, 0, np.nan], [-np.inf] * 4, [np.nan] * 4], np.float32)
+    assert cpu.argmax(x).tolist() == [1, 1, 0, 0]
+    bits_equal(cpu.argmax(x), vk.argmax(x))
+
+
+def test_reduction_order_is_the_documented_one():
+    """dot() sums 32 lanes of 4-wide accumulators, then (x+y)+(z+w), then a tree."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(300).astype(np.float32)
+    w = rng.standard_normal(300).astype(np.float32)
+    xp, wp = np.zeros(384, np.float32), np.zeros(384, np.float32)
+    xp[:300], wp[:300] = x, w
+    lanes = []
+    for l in range(32):
+        acc = [np.float32(0)] * 4
+        for c in range(3):
+            for j in range(4):
+                i = c * 128 + 4 * l + j
+                acc[j] = np.float32(acc[j] + np.float32(xp[i] * wp[i]))
+        lanes.append(np.float32(np.float32(acc[0] + acc[1]) + np.float32(acc[2] + acc[3])))
+    while len(lanes) > 1:
+        h = len(lanes) // 2
+        lanes = [np.float32(lanes[i] + lanes[i + h]) for i in range(h)]
+    assert exact.dot(x, w).tobytes() == lanes[0].tobytes()

@@ -1,0 +1,60 @@
+"""Run under a given validation-layer log (see test_sync_validation.py).
+
+mode "chain": 24 dependent dispatches (rmsnorm -> gemv, 12 times) recorded in
+one sequence and replayed twice; prints whether the result equals NumPy's.
+mode "hazard": a dispatch, then a host upload into the buffer it wrote, with
+no barrier between them (kp's OpTensorSyncDevice records none): a real
+write-after-write hazard, the positive control for synchronization validation.
+"""
+
+import sys
+
+import numpy as np
+
+from vkspec import exact, quant
+from vkspec.device import get_device, load_shader
+from vkspec.selftest import same_bits
+
+
+def chain():
+    dev = get_device()
+    rng = np.random.default_rng(0)
+    k = 256
+    w = quant.quantize(rng.standard_normal((k, k)).astype(np.float32) * 0.1, "f32")
+    norm_w = (1 + rng.standard_normal(k) * 0.1).astype(np.float32)
+    x0 = rng.standard_normal(k).astype(np.float32)
+    tw, tn = dev.tensor(w.data, "storage"), dev.tensor(norm_w, "storage")
+    ts = dev.tensor(np.zeros(1, np.float32), "storage")
+    ta, tb = dev.tensor(x0), dev.tensor(np.zeros(k, np.float32))
+    rms = dev.algorithm(load_shader("rmsnorm"), [ta, tn, tb], 1,
+                        dict(rows=1, n=k, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
+    mv = dev.algorithm(load_shader("gemv", "f32"), [tw, ts, tb, ta], k // 64,
+                       dict(rows=k, cols=k, nvec=1, x_stride=k, y_stride=k))
+    seq = dev.sequence()
+    for _ in range(12):
+        seq.record(dev.dispatch(rms))
+        seq.record(dev.dispatch(mv))
+    dev.upload(ta)
+    seq.eval()
+    seq.eval()                        # replay: no re-recording
+    dev.download(ta)
+    x = x0
+    for _ in range(24):            # 12 pairs, replayed twice
+        x = exact.gemv(w.data, exact.rmsnorm(x, norm_w, 1e-6))
+    print("match" if same_bits(ta.data(), x) else "MISMATCH")
+
+
+def hazard():
+    dev = get_device()
+    x = dev.tensor(np.ones(64, np.float32))
+    y = dev.tensor(np.zeros(64, np.float32))
+    algo = dev.algorithm(load_shader("core_eval"), [x, y], 1, dict(n=64, op=0))
+    seq = dev.sequence()
+    seq.record(dev.dispatch(algo))
+    seq.record(dev.kp.OpTensorSyncDevice([y]))
+    seq.eval()
+    print("ran")
+
+
+if __name__ == "__main__":
+    {"chain": chain, "hazard": hazard}[sys.argv[1]]()

@@ -1,0 +1,171 @@
+"""The Vulkan device through Kompute (kp): shaders, tensors, push constants.
+
+Everything vkspec asks of kp goes through here, so kp 0.9.0's quirks are
+handled once:
+
+* kp takes the push-constant dtype from the spec-constant array's dtype, so
+  every algorithm gets empty uint32 spec constants and uint32 push constants;
+  :class:`Shader` packs a dict of named values into the shader's own
+  ``layout(push_constant)`` block, parsed from the GLSL, field for field.
+* The patched kp (ci/kompute) records a global barrier before every dispatch
+  and copy, so a recorded sequence of dependent dispatches is hazard-free.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SHADER_DIR = Path(__file__).resolve().parent / "shaders"
+_PUSH = re.compile(r"layout\s*\(\s*push_constant\s*\)\s*uniform\s+\w+\s*\{(.*?)\}", re.S)
+_FIELD = re.compile(r"^\s*(uint|int|float)\s+(\w+)\s*;", re.M)
+
+
+class DeviceError(RuntimeError):
+    """A device that cannot run vkspec's exact path, or a failed device call."""
+
+
+def _import_kp():
+    try:
+        import kp
+    except ImportError as e:  # pragma: no cover - exercised on broken installs
+        raise DeviceError("the kp (Kompute) module is not installed: run `make setup`") from e
+    return kp
+
+
+@dataclass(frozen=True)
+class Shader:
+    """One compiled variant of one .comp file and its push-constant layout."""
+    name: str
+    spirv: bytes
+    fields: tuple[tuple[str, str], ...]   # (type, name) in block order
+
+    def pack(self, values: dict) -> np.ndarray:
+        names = [n for _, n in self.fields]
+        unknown = set(values) - set(names)
+        if unknown:
+            raise KeyError(f"{self.name}: no push constant {sorted(unknown)}")
+        out = np.zeros(len(self.fields), dtype=np.uint32)
+        for i, (typ, name) in enumerate(self.fields):
+            v = values.get(name, 0)
+            if typ == "float":
+                out[i] = np.array(v, dtype=np.float32).view(np.uint32)
+            elif typ == "int":
+                out[i] = np.array(v, dtype=np.int32).view(np.uint32)
+            else:
+                if v < 0:
+                    raise ValueError(f"{self.name}.{name} is uint, got {v}")
+                out[i] = v
+        return out
+
+
+@functools.lru_cache(maxsize=None)
+def load_shader(stem: str, variant: str | None = None) -> Shader:
+    """Load <stem>[.<variant>].spv, recompiling it first when its source is newer."""
+    src = SHADER_DIR / f"{stem}.comp"
+    name = f"{stem}.{variant}.spv" if variant else f"{stem}.spv"
+    if src.exists():
+        from .shaders import build
+        if name in build.stale(src):
+            build.compile_all()
+    path = SHADER_DIR / name
+    if not path.exists():
+        raise DeviceError(f"shader {name} is missing: reinstall vkspec (the build compiles shaders)")
+    text = src.read_text() if src.exists() else ""
+    m = _PUSH.search(text)
+    fields = tuple(_FIELD.findall(m.group(1))) if m else ()
+    return Shader(name, path.read_bytes(), fields)
+
+
+class Device:
+    """One Vulkan device. Create one per process (kp.Manager is heavy)."""
+
+    def __init__(self, index: int | None = None):
+        kp = self.kp = _import_kp()
+        if index is None:
+            index = int(os.environ.get("VKSPEC_DEVICE", "0"))
+        try:
+            self.mgr = kp.Manager(index)
+        except Exception as e:
+            raise DeviceError(f"no Vulkan device {index}: {e}") from None
+        props = self.mgr.get_device_properties()
+        self.name = props.get("device_name", "?")
+        self.denormals = probe_denormals(self)
+        if self.denormals != "preserve":
+            raise DeviceError(
+                f"{self.name} flushes float32 denormals ({self.denormals}); vkspec's exact "
+                "path needs IEEE gradual underflow, as NumPy computes it")
+
+    # --- tensors ---------------------------------------------------------
+    def tensor(self, data: np.ndarray, kind: str = "device"):
+        """A kp tensor initialised from ``data`` (float32, uint32 or int32).
+
+        kind "device" keeps a host staging copy (for inputs and outputs that
+        cross every step); "storage" is device memory only (weights, state).
+        """
+        data = np.ascontiguousarray(data).ravel()
+        if data.dtype not in (np.float32, np.uint32, np.int32):
+            raise TypeError(f"unsupported tensor dtype {data.dtype}")
+        if data.size == 0:
+            data = np.zeros(1, dtype=data.dtype)
+        if kind == "storage":
+            t = self.mgr.tensor_t(data, self.kp.TensorTypes.storage)
+            stage = self.mgr.tensor_t(data, self.kp.TensorTypes.device)
+            self.mgr.sequence().record(self.kp.OpTensorSyncDevice([stage])) \
+                .record(self.kp.OpTensorCopy([stage, t])).eval()
+            stage.destroy()
+            return t
+        return self.mgr.tensor_t(data, self.kp.TensorTypes.device)
+
+    # --- algorithms ------------------------------------------------------
+    def algorithm(self, shader: Shader, tensors, groups: int | tuple, push: dict | None = None):
+        wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)
+        return self.mgr.algorithm(list(tensors), shader.spirv, wg,
+                                  np.zeros(0, dtype=np.uint32), shader.pack(push or {}))
+
+    def dispatch(self, algo, push: np.ndarray | None = None):
+        if push is None:
+            return self.kp.OpAlgoDispatch(algo)
+        return self.kp.OpAlgoDispatch(algo, push)
+
+    def sequence(self):
+        return self.mgr.sequence()
+
+    def upload(self, *tensors):
+        self.mgr.sequence().eval(self.kp.OpTensorSyncDevice(list(tensors)))
+
+    def download(self, *tensors):
+        self.mgr.sequence().eval(self.kp.OpTensorSyncLocal(list(tensors)))
+
+
+def probe_denormals(dev: "Device") -> str:
+    """'preserve' when the device computes float32 denormals as IEEE 754 does.
+
+    Runs x * y (a denormal product), d + 0 and d * 2**30 for a denormal d.
+    """
+    a = np.array([1e-20, 1e-20, 1e-40, 0.0, 2.0 ** 30], dtype=np.float32)
+    want = np.array([a[0] * a[1], a[2] + a[3], a[2] * a[4]], dtype=np.float32)
+    shader = load_shader("denormal_probe")
+    ta, to = dev.tensor(a), dev.tensor(np.zeros(3, np.float32))
+    algo = dev.algorithm(shader, [ta, to], 1)
+    dev.mgr.sequence().record(dev.kp.OpTensorSyncDevice([ta, to])) \
+        .record(dev.kp.OpAlgoDispatch(algo)).record(dev.kp.OpTensorSyncLocal([to])).eval()
+    got = to.data().copy()
+    if got.view(np.uint32).tolist() == want.view(np.uint32).tolist():
+        return "preserve"
+    return "flush-to-zero" if got[0] == 0 else f"unknown ({got.tolist()})"
+
+
+_DEVICE: Device | None = None
+
+
+def get_device() -> Device:
+    global _DEVICE
+    if _DEVICE is None:
+        _DEVICE = Device()
+    return _DEVICE

@@ -1,0 +1,303 @@
+"""The exact arithmetic core, NumPy side: the executable definition.
+
+Every function here has a twin of the same name in ``shaders/exact.glsl`` that
+performs the same float32 operations in the same order. Vulkan guarantees
+correct rounding only for ``+ - *``, so these functions use nothing else on
+floats, plus exact bit manipulation and ``floor``:
+
+* transcendentals are range reduction + a polynomial (Cephes-style minimax
+  coefficients) evaluated in Horner order;
+* reciprocal and rsqrt are three Newton steps from an exact seed;
+* every reduction has one order, ``REDUCE_LANES`` lanes of 4-wide accumulators
+  (see :func:`dot`), never ``np.sum``/``np.dot``/BLAS.
+
+Denormal policy: IEEE 754 gradual underflow everywhere. NumPy preserves
+denormals, and so does Lavapipe (measured); :mod:`vkspec.denormals` probes a
+device at start-up and refuses one that flushes, because plain ``+ - *`` in
+the kernels would then differ. The functions here take denormal inputs (they
+rescale them by 2**24 before reading exponent bits) and return correctly
+rounded denormal results where the true value is one.
+
+NaN never wins an argmax; exp/log/sigmoid/recip/rsqrt propagate NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+f32 = np.float32
+u32 = np.uint32
+i32 = np.int32
+
+REDUCE_LANES = 32          # lanes of a reduction (the workgroup width)
+REDUCE_VEC = 4             # columns per lane per step
+REDUCE_STRIDE = REDUCE_LANES * REDUCE_VEC  # columns consumed per step
+
+FLT_MIN = f32(1.17549435e-38)
+_EXP_LO, _EXP_HI = f32(-104.0), f32(89.0)
+_LOG2E = f32(1.44269504088896341)
+_LN2_HI, _LN2_LO = f32(0.693359375), f32(-2.12194440e-4)
+_EXP_P = [f32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                           4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
+_LOG_P = [f32(c) for c in (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1,
+                           -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+                           2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)]
+_SQRTHF = f32(0.707106781186547524)
+_RCP_A, _RCP_B = f32(48.0 / 17.0), f32(32.0 / 17.0)
+_RSQRT_MAGIC = 0x5F3759DF
+_SOFTPLUS_THRESHOLD = f32(20.0)
+_TWO24 = f32(16777216.0)
+
+
+def _arr(x) -> np.ndarray:
+    return np.asarray(x, dtype=f32)
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=f32).view(u32)
+
+
+def _from_bits(b: np.ndarray) -> np.ndarray:
+    return np.asarray(b, dtype=u32).view(f32)
+
+
+def _is_nan(b: np.ndarray) -> np.ndarray:
+    return (b & u32(0x7FFFFFFF)) > u32(0x7F800000)
+
+
+def _is_zero_or_denormal(b: np.ndarray) -> np.ndarray:
+    return (b & u32(0x7F800000)) == u32(0)
+
+
+def _is_zero(b: np.ndarray) -> np.ndarray:
+    return (b & u32(0x7FFFFFFF)) == u32(0)
+
+
+def _pow2(e: np.ndarray) -> np.ndarray:
+    """2**e for integer e in [-126, 127], built from its exponent bits."""
+    return _from_bits((e.astype(i32) + i32(127)).astype(u32) << u32(23))
+
+
+def _scale(y: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """y * 2**e for e in [-252, 254]: one exact step, then one rounding."""
+    e1 = e >> 1
+    return (y * _pow2(e1)) * _pow2(e - e1)
+
+
+def _unsubnormal(a: np.ndarray):
+    """(a * 2**24, 24) for a denormal a, else (a, 0): exact either way."""
+    b = _bits(a)
+    sub = _is_zero_or_denormal(b) & ((b & u32(0x007FFFFF)) != u32(0))
+    return np.where(sub, a * _TWO24, a), np.where(sub, i32(24), i32(0))
+
+
+def exp(x) -> np.ndarray:
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        xc = np.minimum(np.maximum(x, _EXP_LO), _EXP_HI)
+        n = np.floor(xc * _LOG2E + f32(0.5))
+        r = xc - n * _LN2_HI
+        r = r - n * _LN2_LO
+        p = _EXP_P[0]
+        for c in _EXP_P[1:]:
+            p = p * r + c
+        p = (p * (r * r) + r) + f32(1.0)
+        y = _scale(p, n.astype(i32))
+        return np.where(_is_nan(_bits(x)), x, y).astype(f32)
+
+
+def log(x) -> np.ndarray:
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        xn, k = _unsubnormal(x)
+        b = _bits(xn)
+        e = (b >> u32(23)).astype(i32) - i32(126) - k
+        m = _from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))
+        small = m < _SQRTHF
+        e = np.where(small, e - 1, e)
+        m = np.where(small, (m + m) - f32(1.0), m - f32(1.0))
+        z = m * m
+        y = _LOG_P[0]
+        for c in _LOG_P[1:]:
+            y = y * m + c
+        y = (y * m) * z
+        fe = e.astype(f32)
+        y = y + fe * _LN2_LO
+        y = y + z * f32(-0.5)
+        r = m + y
+        r = r + fe * _LN2_HI
+        neg = (b >> u32(31)) == u32(1)
+        r = np.where(_is_zero(b), f32(-np.inf), r)
+        r = np.where(b == u32(0x7F800000), f32(np.inf), r)
+        r = np.where(neg & ~_is_zero(b), f32(np.nan), r)
+        return np.where(_is_nan(b), x, r).astype(f32)
+
+
+def recip(a) -> np.ndarray:
+    a = _arr(a)
+    with np.errstate(all="ignore"):
+        an, k = _unsubnormal(a)
+        b = _bits(an)
+        sign = b & u32(0x80000000)
+        e = ((b >> u32(23)) & u32(0xFF)).astype(i32)
+        m = _from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))   # [0.5, 1)
+        y = _RCP_A - _RCP_B * m
+        for _ in range(3):
+            y = y + y * (f32(1.0) - m * y)
+        r = _scale(y, i32(126) - e + k)
+        r = np.where(_is_zero(b), f32(np.inf), r)
+        r = np.where(e == 255, f32(0.0), r)
+        r = _from_bits(_bits(r.astype(f32)) | sign)
+        return np.where(_is_nan(b), a, r).astype(f32)
+
+
+def rsqrt(a) -> np.ndarray:
+    a = _arr(a)
+    with np.errstate(all="ignore"):
+        an, k = _unsubnormal(a)
+        b = _bits(an)
+        y = _from_bits((u32(_RSQRT_MAGIC) - (b >> u32(1))).astype(u32))
+        for _ in range(3):
+            t = (an * y) * y
+            y = y + y * (f32(0.5) - f32(0.5) * t)
+        y = y * _pow2(k >> 1)
+        r = np.where(_is_zero(b), f32(np.inf), y)
+        r = np.where((b & u32(0x7FFFFFFF)) == u32(0x7F800000), f32(0.0), r)
+        neg = ((b >> u32(31)) == u32(1)) & ~_is_zero(b)
+        r = np.where(neg, f32(np.nan), r)
+        return np.where(_is_nan(b), a, r).astype(f32)
+
+
+def sigmoid(x) -> np.ndarray:
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        return recip(f32(1.0) + exp(-x))
+
+
+def silu(x) -> np.ndarray:
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        return x * sigmoid(x)
+
+
+def log1p(u) -> np.ndarray:
+    """log(1 + u) for u >= -1 (Goldberg: log(w) * u / (w - 1), w = 1 + u)."""
+    u = _arr(u)
+    with np.errstate(all="ignore"):
+        w = f32(1.0) + u
+        r = log(w) * (u * recip(w - f32(1.0)))
+        return np.where(w == f32(1.0), u, r).astype(f32)
+
+
+def softplus(x) -> np.ndarray:
+    """log(1 + exp(x)), and x itself above 20 (torch's threshold)."""
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        y = np.maximum(x, f32(0.0)) + log1p(exp(-np.abs(x)))
+        return np.where(x > _SOFTPLUS_THRESHOLD, x, y).astype(f32)
+
+
+# core_eval.comp's `op` indexes this list
+ELEMENTWISE = (exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p)
+
+
+# --- reductions --------------------------------------------------------------
+
+def padded(k: int) -> int:
+    return -(-k // REDUCE_STRIDE) * REDUCE_STRIDE
+
+
+def _lanes(a: np.ndarray) -> np.ndarray:
+    """(..., K) -> (..., steps, LANES, 4), zero-padded on the right."""
+    k = a.shape[-1]
+    kp = padded(max(k, 1))
+    if kp != k:
+        pad = np.zeros(a.shape[:-1] + (kp - k,), dtype=f32)
+        a = np.concatenate([a.astype(f32, copy=False), pad], axis=-1)
+    return a.reshape(a.shape[:-1] + (kp // REDUCE_STRIDE, REDUCE_LANES, REDUCE_VEC))
+
+
+def _finish(acc: np.ndarray) -> np.ndarray:
+    """(..., LANES, 4) lane accumulators -> (...): (x+y)+(z+w), then a tree."""
+    s = (acc[..., 0] + acc[..., 1]) + (acc[..., 2] + acc[..., 3])
+    stride = REDUCE_LANES // 2
+    while stride:
+        s = s[..., :stride] + s[..., stride:2 * stride]
+        stride //= 2
+    return s[..., 0]
+
+
+def reduce_sum(x) -> np.ndarray:
+    """Sum over the last axis in the canonical order."""
+    xl = _lanes(_arr(x))
+    acc = np.zeros(xl.shape[:-3] + xl.shape[-2:], dtype=f32)
+    for c in range(xl.shape[-3]):
+        acc = acc + xl[..., c, :, :]
+    return _finish(acc)
+
+
+def dot(x, w) -> np.ndarray:
+    """Sum of x*w over the last axis (broadcasting), in the canonical order.
+
+    Lane l of REDUCE_LANES keeps a 4-wide accumulator; at step c it adds the
+    products of columns c*128 + 4l .. c*128 + 4l + 3. The lanes are folded as
+    (x + y) + (z + w), then in a tree: lane l += lane l + s for s = 16, 8, .., 1.
+    """
+    xl, wl = _lanes(_arr(x)), _lanes(_arr(w))
+    shape = np.broadcast_shapes(xl.shape, wl.shape)
+    acc = np.zeros(shape[:-3] + shape[-2:], dtype=f32)
+    with np.errstate(all="ignore"):
+        for c in range(shape[-3]):
+            acc = acc + xl[..., c, :, :] * wl[..., c, :, :]
+    return _finish(acc)
+
+
+def gemv(w: np.ndarray, x: np.ndarray, rows_per_chunk: int = 1024) -> np.ndarray:
+    """y[r, m] = dot(x[r], w[m]) for x of shape (n, K) or (K,), w of (M, K).
+
+    Every output row is computed exactly as :func:`dot` computes it alone; a
+    block of n rows only shares the weight reads.
+    """
+    x = _arr(x)
+    single = x.ndim == 1
+    x2 = x[None, :] if single else x
+    xl = _lanes(x2)[:, None]                     # (n, 1, steps, L, 4)
+    out = np.empty((x2.shape[0], w.shape[0]), dtype=f32)
+    for m0 in range(0, w.shape[0], rows_per_chunk):
+        wl = _lanes(_arr(w[m0:m0 + rows_per_chunk]))[None]   # (1, M, steps, L, 4)
+        acc = np.zeros((x2.shape[0], wl.shape[1], REDUCE_LANES, REDUCE_VEC), dtype=f32)
+        with np.errstate(all="ignore"):
+            for c in range(wl.shape[2]):
+                acc = acc + xl[:, :, c] * wl[:, :, c]
+        out[:, m0:m0 + wl.shape[1]] = _finish(acc)
+    return out[0] if single else out
+
+
+def rmsnorm(x, w, eps: float, inv_n=None) -> np.ndarray:
+    """x * rsqrt(mean(x*x) + eps) * w over the last axis.
+
+    ``w`` is the effective weight: pass ``1 + weight`` (computed once, in
+    float32) for the ``(1 + w)`` form. ``inv_n`` is float32(1 / K).
+    """
+    x = _arr(x)
+    k = x.shape[-1]
+    inv_n = f32(1.0 / k) if inv_n is None else f32(inv_n)
+    with np.errstate(all="ignore"):
+        ms = dot(x, x) * inv_n
+        r = rsqrt(ms + f32(eps))
+        return (x * r[..., None]) * _arr(w)
+
+
+def softmax(x) -> np.ndarray:
+    x = _arr(x)
+    with np.errstate(all="ignore"):
+        m = np.max(x, axis=-1, keepdims=True)
+        e = exp(x - m)
+        return e * recip(reduce_sum(e))[..., None]
+
+
+def argmax(x) -> np.ndarray:
+    """Index of the largest value; ties go to the lowest index; NaN never wins."""
+    x = _arr(x)
+    clean = np.where(np.isnan(x), f32(-np.inf), x)
+    return np.argmax(clean, axis=-1)
