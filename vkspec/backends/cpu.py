@@ -1,4 +1,5 @@
-"""The NumPy backend: each op is the executable definition of its shader."""
+"""The NumPy backend: each function is the executable definition of the shader
+of the same name (gemv <-> gemv.comp, ...), built only from vkspec.exact."""
 
 from __future__ import annotations
 
@@ -7,29 +8,121 @@ import numpy as np
 from .. import exact
 from ..quant import QWeight, dequantize
 
+f32 = np.float32
+
+
+def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
+    """x (..., cols) -> (..., rows); every row as if alone."""
+    x = np.asarray(x, dtype=f32)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    out = np.empty((x2.shape[0], w.rows), dtype=f32)
+    for r0 in range(0, w.rows, rows_per_chunk):
+        r1 = min(w.rows, r0 + rows_per_chunk)
+        out[:, r0:r1] = exact.gemv(dequantize(w, r0, r1), x2)
+    return out.reshape(lead + (w.rows,))
+
+
+def rmsnorm(x, w, eps: float) -> np.ndarray:
+    return exact.rmsnorm(x, w, eps)
+
+
+def rmsnorm_gated(x, w, z, eps: float) -> np.ndarray:
+    """((x * rsqrt(mean(x*x) + eps)) * w) * silu(z): linear_attn.norm (plain w)."""
+    return exact.rmsnorm(x, w, eps) * exact.silu(z)
+
+
+def l2norm(x, eps: float = 1e-6) -> np.ndarray:
+    x = np.asarray(x, f32)
+    return x * exact.rsqrt(exact.dot(x, x) + f32(eps))[..., None]
+
+
+def rope(x, cos, sin) -> np.ndarray:
+    """Rotate the first rotary_dim features of each head: x*cos + rotate_half(x)*sin.
+    x (n, heads, hd); cos, sin (n, rotary_dim)."""
+    rd = cos.shape[-1]
+    rot = x[..., :rd]
+    half = rd // 2
+    rh = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+    out = x.copy()
+    out[..., :rd] = rot * cos[:, None, :] + rh * sin[:, None, :]
+    return out
+
+
+def attend(q, kc, vc, scale) -> np.ndarray:
+    """One row's causal attention: q (nh, hd) over keys/values (L, nkv, hd)."""
+    nh, nkv = q.shape[0], kc.shape[1]
+    kv_of = np.arange(nh) // (nh // nkv)
+    kh = kc.transpose(1, 0, 2)[kv_of]                    # (nh, L, hd)
+    vh = vc.transpose(1, 2, 0)[kv_of]                    # (nh, hd, L)
+    s = exact.dot(q[:, None, :], kh) * f32(scale)        # (nh, L)
+    p = exact.softmax(s)
+    return exact.dot(p[:, None, :], vh)                  # (nh, hd)
+
+
+def conv_step(ring, x, w) -> np.ndarray:
+    """Causal depthwise conv over [ring (K-1 rows, oldest first), x], then silu;
+    the ring moves on by one row. Taps are summed in order 0..K-1."""
+    window = np.concatenate([ring, x[None]], axis=0)     # (K, C)
+    acc = np.zeros(x.shape, f32)
+    for i in range(window.shape[0]):
+        acc = acc + w[:, i] * window[i]
+    ring[:-1] = ring[1:]
+    ring[-1] = x
+    return exact.silu(acc)
+
+
+def deltanet_step(S, q, k, v, b, a, dt_bias, neg_exp_a, scale) -> np.ndarray:
+    """One row of the gated delta rule; updates S (nv, dk, dv) in place.
+
+    S <- S * exp(g); delta = (v - S^T k) * beta; S <- S + k delta^T; o = S^T q,
+    with g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)."""
+    nv, nk = S.shape[0], q.shape[0]
+    q = l2norm(q) * f32(scale)
+    k = l2norm(k)
+    rep = np.arange(nv) // (nv // nk)
+    qh, kh = q[rep], k[rep]
+    beta = exact.sigmoid(b)
+    decay = exact.exp(neg_exp_a * exact.softplus(a + dt_bias))
+    S *= decay[:, None, None]
+    kv_mem = exact.dot(kh[:, None, :], S.transpose(0, 2, 1))      # (nv, dv)
+    delta = (v - kv_mem) * beta[:, None]
+    S += kh[:, :, None] * delta[:, None, :]
+    return exact.dot(qh[:, None, :], S.transpose(0, 2, 1))
+
+
+def route(probs, k: int, normalize: bool):
+    """Top-k experts (ties to the lower index), weights renormalised if asked."""
+    idx = np.argsort(-probs, kind="stable")[:k]
+    top = probs[idx]
+    if normalize:
+        top = top * exact.recip(exact.reduce_sum(top))
+    return idx, top
+
+
+def softmax(x) -> np.ndarray:
+    return exact.softmax(x)
+
+
+def argmax(x) -> np.ndarray:
+    return exact.argmax(x).astype(np.uint32)
+
 
 class CpuOps:
+    """The op set the Vulkan backend mirrors, as methods (tests compare the two)."""
     name = "cpu"
 
-    def gemv(self, w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
-        """x (n, cols) or (cols,) -> (n, rows): gemv.comp's twin."""
-        x = np.asarray(x, dtype=np.float32)
-        single = x.ndim == 1
-        x2 = x[None] if single else x
-        out = np.empty((x2.shape[0], w.rows), dtype=np.float32)
-        for r0 in range(0, w.rows, rows_per_chunk):
-            r1 = min(w.rows, r0 + rows_per_chunk)
-            out[:, r0:r1] = exact.gemv(dequantize(w, r0, r1), x2)
-        return out[0] if single else out
+    def gemv(self, w, x):
+        return gemv(w, x)
 
-    def rmsnorm(self, x, w, eps: float) -> np.ndarray:
-        return exact.rmsnorm(x, w, eps)
+    def rmsnorm(self, x, w, eps):
+        return rmsnorm(x, w, eps)
 
-    def softmax(self, x) -> np.ndarray:
-        return exact.softmax(x)
+    def softmax(self, x):
+        return softmax(x)
 
-    def argmax(self, x) -> np.ndarray:
-        return exact.argmax(x).astype(np.uint32)
+    def argmax(self, x):
+        return argmax(x)
 
-    def core_eval(self, x, op: int) -> np.ndarray:
+    def core_eval(self, x, op: int):
         return exact.ELEMENTWISE[op](x)

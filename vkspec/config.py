@@ -1,0 +1,166 @@
+"""Model configuration from a Hugging Face config.json (Qwen3-Next hybrids, Llama)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import VkspecError
+
+SUPPORTED = ("qwen3_next", "llama")
+
+
+@dataclass
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    partial_rotary_factor: float
+    max_position_embeddings: int
+    layer_types: list[str]
+    # Gated DeltaNet
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
+    # MTP head
+    num_nextn_predict_layers: int = 0
+    tie_word_embeddings: bool = False
+    norm_plus_one: bool = True      # Qwen3-Next's (1 + w) RMSNorm; Llama's is plain w
+    dtype: str = "float32"
+    eos_token_id: list[int] = field(default_factory=list)
+    source: str = "config.json"
+
+    def is_moe_layer(self, i: int) -> bool:
+        return (self.num_experts > 0 and i not in self.mlp_only_layers
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+
+def _need(d: dict, key: str, src: str, typ=int, lo=None):
+    if key not in d:
+        raise VkspecError(f"{src}: missing key {key!r}")
+    v = d[key]
+    try:
+        v = typ(v)
+    except (TypeError, ValueError):
+        raise VkspecError(f"{src}: {key} = {d[key]!r} is not a {typ.__name__}") from None
+    if lo is not None and v < lo:
+        raise VkspecError(f"{src}: {key} = {v} is out of range (must be >= {lo})")
+    return v
+
+
+def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
+    mt = d.get("model_type")
+    if mt not in SUPPORTED:
+        raise VkspecError(f"{src}: unknown model_type {mt!r} (supported: {', '.join(SUPPORTED)})")
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+    if rope.get("rope_type", "default") not in ("default", None):
+        raise VkspecError(f"{src}: rope_type {rope.get('rope_type')!r} is not supported")
+    prf = d.get("partial_rotary_factor", rope.get("partial_rotary_factor",
+                                                  0.25 if mt == "qwen3_next" else 1.0))
+    hidden = _need(d, "hidden_size", src, lo=1)
+    heads = _need(d, "num_attention_heads", src, lo=1)
+    layers = _need(d, "num_hidden_layers", src, lo=1)
+    head_dim = int(d.get("head_dim") or hidden // heads)
+    kv = int(d.get("num_key_value_heads", heads))
+    if kv < 1 or heads % kv:
+        raise VkspecError(f"{src}: num_key_value_heads = {kv} must divide num_attention_heads = {heads}")
+    interval = int(d.get("full_attention_interval", 4))
+    types = d.get("layer_types") or (
+        ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+        if mt == "qwen3_next" else ["full_attention"] * layers)
+    if len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
+        raise VkspecError(f"{src}: layer_types must list {layers} entries of "
+                          "'linear_attention' or 'full_attention'")
+    eos = d.get("eos_token_id")
+    cfg = ModelConfig(
+        model_type=mt, vocab_size=_need(d, "vocab_size", src, lo=1), hidden_size=hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=head_dim, intermediate_size=int(d.get("intermediate_size", 0)),
+        rms_norm_eps=_need(d, "rms_norm_eps", src, float, lo=0.0), rope_theta=float(theta),
+        partial_rotary_factor=float(prf),
+        max_position_embeddings=int(d.get("max_position_embeddings", 4096)), layer_types=types,
+        linear_num_key_heads=int(d.get("linear_num_key_heads", 0)),
+        linear_num_value_heads=int(d.get("linear_num_value_heads", 0)),
+        linear_key_head_dim=int(d.get("linear_key_head_dim", 0)),
+        linear_value_head_dim=int(d.get("linear_value_head_dim", 0)),
+        linear_conv_kernel_dim=int(d.get("linear_conv_kernel_dim", 4)),
+        num_experts=int(d.get("num_experts", 0)),
+        num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
+        moe_intermediate_size=int(d.get("moe_intermediate_size", 0)),
+        shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size", 0)),
+        norm_topk_prob=bool(d.get("norm_topk_prob", True)),
+        decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+        mlp_only_layers=list(d.get("mlp_only_layers") or []),
+        num_nextn_predict_layers=int(d.get("num_nextn_predict_layers", 0)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        norm_plus_one=(mt == "qwen3_next"),
+        dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32"),
+        eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
+        source=src,
+    )
+    _check_ranges(cfg, src)
+    return cfg
+
+
+def _check_ranges(c: ModelConfig, src: str) -> None:
+    def bad(key, why):
+        raise VkspecError(f"{src}: {key} = {getattr(c, key)} is out of range ({why})")
+    if not 0.0 < c.partial_rotary_factor <= 1.0:
+        bad("partial_rotary_factor", "must be in (0, 1]")
+    if c.rotary_dim % 2:
+        bad("partial_rotary_factor", "head_dim * factor must be even")
+    if c.rope_theta <= 0:
+        bad("rope_theta", "must be > 0")
+    if "linear_attention" in c.layer_types:
+        for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim"):
+            if getattr(c, k) < 1:
+                bad(k, "must be >= 1 for Gated DeltaNet layers")
+        if c.linear_num_value_heads % c.linear_num_key_heads:
+            bad("linear_num_value_heads", "must be a multiple of linear_num_key_heads")
+    if c.num_experts:
+        if not 1 <= c.num_experts_per_tok <= c.num_experts:
+            bad("num_experts_per_tok", f"must be in 1..num_experts={c.num_experts}")
+        if c.moe_intermediate_size < 1:
+            bad("moe_intermediate_size", "must be >= 1")
+    if c.num_experts == 0 or c.mlp_only_layers:
+        if c.intermediate_size < 1:
+            bad("intermediate_size", "must be >= 1 for dense MLP layers")
+    if c.num_nextn_predict_layers not in (0, 1):
+        bad("num_nextn_predict_layers", "0 or 1 supported")
+
+
+def load_config(model_dir: Path) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise VkspecError(f"{model_dir}: no config.json (not a checkpoint directory)")
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VkspecError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise VkspecError(f"{path}: not a JSON object")
+    return from_dict(d, str(path))
