@@ -46,3 +46,15 @@ def no_validation_messages():
 def bits_equal(a, b):
     assert np.asarray(a).shape == np.asarray(b).shape
     assert same_bits(a, b), "device and CPU differ"
+
+
+def require(module: str):
+    """Import a test-only dependency (torch, transformers). Under `make test`
+    (VKSPEC_REQUIRE_DEVICE=1) a missing one fails the run instead of skipping."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
+            pytest.fail(f"test dependency {module} is missing: {e}", pytrace=False)
+        pytest.skip(f"{module} not installed", allow_module_level=True)

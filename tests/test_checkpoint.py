@@ -9,7 +9,9 @@ from vkspec.checkpoint import Checkpoint
 from vkspec.config import from_dict
 from vkspec.tiny import tiny_config
 
-torch = pytest.importorskip("torch")
+from conftest import require  # noqa: E402
+
+torch = require("torch")
 from safetensors.torch import save_file  # noqa: E402
 
 

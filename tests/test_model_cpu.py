@@ -60,7 +60,8 @@ def test_formats_stay_close_to_f32(tiny_dir):
 def test_mtp_head_is_the_written_out_formula(tiny_dir):
     """fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]) -> decoder layer -> norm -> lm_head,
     written here with transformers' own Qwen3-Next decoder layer and torch ops."""
-    torch = pytest.importorskip("torch")
+    from conftest import require
+    torch = require("torch")
     from safetensors.numpy import load_file
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import (

@@ -7,8 +7,10 @@ compared within LOGIT_TOL at logit scale ~1; greedy ids must be identical.
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from conftest import require  # noqa: E402
+
+torch = require("torch")
+require("transformers")
 
 from oracle_models import SHAPES, build  # noqa: E402
 
