@@ -24,7 +24,6 @@ class VulkanOps:
 
     def __init__(self):
         self.dev = get_device()
-        self._weights: dict[int, tuple] = {}
 
     def _run(self, shader, inputs, outputs, groups, push):
         dev = self.dev
