@@ -26,8 +26,8 @@ def chain():
     tw, tn = dev.tensor(w.data, "storage"), dev.tensor(norm_w, "storage")
     ts = dev.tensor(np.zeros(1, np.float32), "storage")
     ta, tb = dev.tensor(x0), dev.tensor(np.zeros(k, np.float32))
-    rms = dev.algorithm(load_shader("rmsnorm"), [ta, tn, tb], 1,
-                        dict(rows=1, n=k, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
+    rms = dev.algorithm(load_shader("rmsnorm", "plain"), [ta, tn, tb], 1,
+                        dict(rows=1, n=k, group=1, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
     mv = dev.algorithm(load_shader("gemv", "f32"), [tw, ts, tb, ta], k // 64,
                        dict(rows=k, cols=k, nvec=1, x_stride=k, y_stride=k))
     seq = dev.sequence()

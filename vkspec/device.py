@@ -122,6 +122,40 @@ class Device:
             return t
         return self.mgr.tensor_t(data, self.kp.TensorTypes.device)
 
+    def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
+        """A tensor of n zero words; storage tensors are zeroed on the device
+        (no host staging of their size)."""
+        t = self.mgr.tensor_t(np.zeros(max(int(n), 1), dtype=dtype), self.kp.TensorTypes.storage
+                              if kind == "storage" else self.kp.TensorTypes.device)
+        if kind == "storage":
+            seq = self.sequence()
+            self.record_fill(seq, None, t, max(int(n), 1))
+            seq.eval()
+        else:
+            self.upload(t)
+        return t
+
+    def record_fill(self, seq, src, dst, n: int, src_off: int = 0, dst_off: int = 0):
+        """Record a word copy src[src_off:+n] -> dst[dst_off:+n], or zeros when src is None."""
+        shader = load_shader("fill", "zero" if src is None else "copy")
+        groups = -(-n // 64)
+        wg = (min(groups, 65535), -(-groups // 65535), 1)
+        algo = self.algorithm(shader, [dst if src is None else src, dst], wg,
+                              dict(n=n, x_off=src_off, y_off=dst_off))
+        seq.record(self.kp.OpAlgoDispatch(algo))
+        return algo
+
+    def read(self, t, offset: int, n: int, dtype=np.float32) -> np.ndarray:
+        """Words offset..offset+n of any tensor, through a temporary staging tensor."""
+        out = self.mgr.tensor_t(np.zeros(max(n, 1), dtype=dtype), self.kp.TensorTypes.device)
+        seq = self.sequence()
+        self.record_fill(seq, t, out, n, src_off=offset)
+        seq.record(self.kp.OpTensorSyncLocal([out]))
+        seq.eval()
+        data = out.data().copy()[:n]
+        out.destroy()
+        return data
+
     # --- algorithms ------------------------------------------------------
     def algorithm(self, shader: Shader, tensors, groups: int | tuple, push: dict | None = None):
         wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)

@@ -230,6 +230,10 @@ class State:
 # --- the forward pass ----------------------------------------------------------
 
 class Model:
+    """The reference: the hybrid on the exact NumPy path."""
+    max_rows = 32
+    backend = "cpu"
+
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
         self.cfg, self.w = cfg, weights
         self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
@@ -255,12 +259,14 @@ class Model:
             st.mtp_v = np.zeros_like(st.mtp_k)
         return st
 
-    def forward(self, tokens, st: State, logits_rows: str = "all"):
+    def forward(self, tokens, st: State, logits_rows: str = "all", copies: bool = False):
         """Feed n tokens at positions kv_len..kv_len+n-1.
 
         Returns (hidden, logits): hidden (n, H) is the last layer's output
         before the final norm (what the MTP head reads); logits (n, V) for
         every row, or (1, V) for the last row with logits_rows="last".
+        With copies, the recurrent state after each row but the last is kept
+        for :meth:`rewind`.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
@@ -269,27 +275,29 @@ class Model:
         if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
             raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
         pos = st.kv_len + np.arange(n)
-        x = self.w.embed[tokens]
+        x = ops.embed(self.w.embed, tokens)
+        kept = [([], []) for _ in range(n - 1)] if copies else None
         ai = di = 0
         for lw in self.w.layers:
             if lw.kind == "full_attention":
                 x = self.layer(lw, x, pos, st.kv_k[ai], st.kv_v[ai])
                 ai += 1
             else:
-                x = self.layer(lw, x, pos, st.conv[di], st.ssm[di])
+                x = self.layer(lw, x, pos, st.conv[di], st.ssm[di], kept)
                 di += 1
         st.kv_len += n
+        st.extra["block"] = (n, kept)
         rows = x if logits_rows == "all" else x[-1:]
         logits = ops.gemv(self.w.lm_head, ops.rmsnorm(rows, self.w.norm, self.cfg.rms_norm_eps))
         return x, logits
 
-    def layer(self, lw: LayerW, x, pos, s1, s2):
+    def layer(self, lw: LayerW, x, pos, s1, s2, kept=None):
         eps = self.cfg.rms_norm_eps
         h = ops.rmsnorm(x, lw.in_norm, eps)
         if lw.kind == "full_attention":
             a = self.attention(lw.mixer, h, pos, s1, s2)
         else:
-            a = self.deltanet(lw.mixer, h, s1, s2)
+            a = self.deltanet(lw.mixer, h, s1, s2, kept)
         x = x + a
         h = ops.rmsnorm(x, lw.post_norm, eps)
         m = self.moe(lw.ffn, h) if isinstance(lw.ffn, MoeW) else self.mlp(lw.ffn, h)
@@ -320,7 +328,7 @@ class Model:
             out = out * exact.sigmoid(gate)
         return ops.gemv(w.o, out)
 
-    def deltanet(self, w: DeltaW, h, ring, ssm):
+    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg
         n = h.shape[0]
         nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
@@ -336,27 +344,42 @@ class Model:
             v = mixed[2 * nk * dk:].reshape(nv, dv)
             out[i] = ops.deltanet_step(ssm, q, k, v, ba[i, :nv], ba[i, nv:], w.dt_bias, w.neg_exp_a,
                                        f32(dk ** -0.5))
+            if kept is not None and i < n - 1:
+                kept[i][0].append(ring.copy())
+                kept[i][1].append(ssm.copy())
         z = qkvz[:, cd:].reshape(n, nv, dv)
         o = ops.rmsnorm_gated(out, w.norm, z, c.rms_norm_eps).reshape(n, nv * dv)
         return ops.gemv(w.out, o)
 
     def mlp(self, w: MlpW, h):
-        return ops.gemv(w.down, exact.silu(ops.gemv(w.gate, h)) * ops.gemv(w.up, h))
+        return ops.gemv(w.down, ops.silu_mul(ops.gemv(w.gate, h), ops.gemv(w.up, h)))
 
     def moe(self, w: MoeW, h):
         c = self.cfg
-        probs = exact.softmax(ops.gemv(w.router, h))
+        probs = ops.softmax(ops.gemv(w.router, h))
+        if w.shared is not None:
+            sg = ops.gemv(w.shared_gate, h)[:, 0]
+            sh = self.mlp(w.shared, h)
         out = np.empty_like(h)
         for i in range(h.shape[0]):
             idx, wt = ops.route(probs[i], c.num_experts_per_tok, c.norm_topk_prob)
-            acc = np.zeros(h.shape[1], f32)
-            for e, we in zip(idx, wt):
-                acc = acc + self.mlp(w.experts[e], h[i]) * we
-            out[i] = acc
-        if w.shared is not None:
-            sg = exact.sigmoid(ops.gemv(w.shared_gate, h))          # (n, 1)
-            out = out + sg * self.mlp(w.shared, h)
+            ys = [self.mlp(w.experts[e], h[i]) for e in idx]
+            out[i] = ops.moe_combine(ys, wt, *((sh[i], sg[i]) if w.shared is not None else ()))
         return out
+
+    def rewind(self, st: State, keep: int):
+        """Keep rows 0..keep-1 of the last block: kv_len comes down and the
+        recurrent state after row keep-1 comes back."""
+        n, kept = st.extra.pop("block", (None, None))
+        if n is None:
+            raise VkspecError("rewind needs a block forwarded just before")
+        if not 1 <= keep <= n:
+            raise VkspecError(f"rewind keeps 1..{n} rows, got {keep}")
+        if keep < n:
+            if kept is None:
+                raise VkspecError("rewind into a block forwarded without copies")
+            st.set_recurrent(kept[keep - 1])
+            st.kv_len -= n - keep
 
     # --- the MTP head -------------------------------------------------------
     def mtp_forward(self, hidden, next_tokens, st: State, positions):
@@ -366,7 +389,7 @@ class Model:
         Rows are written at the given positions of the head's cache (the
         token t+1's position); returns (head hidden, logits)."""
         m, eps = self.w.mtp, self.cfg.rms_norm_eps
-        e = ops.rmsnorm(self.w.embed[np.asarray(next_tokens)], m.norm_emb, eps)
+        e = ops.rmsnorm(ops.embed(self.w.embed, next_tokens), m.norm_emb, eps)
         hh = ops.rmsnorm(np.asarray(hidden, f32), m.norm_hidden, eps)
         x = ops.gemv(m.fc, np.concatenate([e, hh], axis=-1))
         pos = np.asarray(positions)

@@ -23,6 +23,25 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     return out.reshape(lead + (w.rows,))
 
 
+def embed(table, tokens) -> np.ndarray:
+    return table[np.asarray(tokens)]
+
+
+def silu_mul(g, u) -> np.ndarray:
+    """The gated MLP's activation."""
+    return exact.silu(g) * u
+
+
+def moe_combine(ys, wts, shared=None, shared_logit=None) -> np.ndarray:
+    """sum_j ys[j] * wts[j] in routing order from +0, plus sigmoid(logit) * shared."""
+    acc = np.zeros(ys[0].shape, f32)
+    for y, w in zip(ys, wts):
+        acc = acc + y * w
+    if shared is not None:
+        acc = acc + exact.sigmoid(shared_logit) * shared
+    return acc
+
+
 def rmsnorm(x, w, eps: float) -> np.ndarray:
     return exact.rmsnorm(x, w, eps)
 

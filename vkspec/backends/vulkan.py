@@ -53,8 +53,8 @@ class VulkanOps:
     def rmsnorm(self, x, w, eps: float) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
-        push = dict(rows=rows, n=n, x_stride=n, y_stride=n, eps=eps, inv_n=np.float32(1.0 / n))
-        (y,) = self._run(load_shader("rmsnorm"), [x, np.asarray(w, np.float32)],
+        push = dict(rows=rows, n=n, group=1, x_stride=n, y_stride=n, eps=eps, inv_n=np.float32(1.0 / n))
+        (y,) = self._run(load_shader("rmsnorm", "plain"), [x, np.asarray(w, np.float32)],
                          [np.zeros_like(x)], -(-rows // 64), push)
         return y
 

@@ -1,0 +1,523 @@
+"""The Vulkan dense chain: the whole model on the device, byte for byte with
+the NumPy path (vkspec.model), behind the same interface.
+
+Terms:
+* **block**: n <= MAX_ROWS consecutive tokens fed in one forward (a decode
+  step is a block of 1, a verify is a block of k+1, prefill goes in blocks of
+  MAX_ROWS). Every row gets the bits it would get alone.
+* **sequence**: the kp sequence recorded once per step shape (kind, rows,
+  attention bucket, logits rows) and replayed: one ``eval()`` per forward,
+  no Python per op. Push constants are fixed at record time; what changes per
+  step goes through the step buffer (shaders/step.glsl).
+* **watermark**: ``kv_len``, the rows of the device KV cache that are valid.
+  Rewinding lowers it; the next forward overwrites the stale tail.
+* **region**: the recurrent state (conv ring, DeltaNet state) of every layer
+  is a buffer of R regions. One is live; during a block with copies the state
+  after row r is written to another region, the **copy slot** of row r.
+  Restoring slot r makes it the live region (a swap of roles, nothing moves).
+  Regions beyond the first are allocated on first use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import exact
+from .config import ModelConfig
+from .devmem import DevWeight, Plan, Uploader, budget_bytes, qcat
+from .device import get_device, load_shader
+from .errors import VkspecError
+from .model import MlpW, MoeW, State, Weights, rope_tables
+
+MAX_ROWS = 8
+NO_SLOT = 0xFFFFFFFF
+# the Step block of shaders/step.glsl, in uint32 words
+STEP_KV_LEN, STEP_LIVE, STEP_NROWS = 0, 1, 2
+STEP_SLOT, STEP_TOK, STEP_POS = 4, 4 + MAX_ROWS, 4 + 2 * MAX_ROWS
+STEP_WORDS = 4 + 3 * MAX_ROWS
+
+P = exact.padded
+
+
+def _groups(n: int, local: int = 64) -> int:
+    return max(1, -(-n // local))
+
+
+class DeviceState:
+    """Where a sequence of forwards stands on the device (the host's half)."""
+
+    def __init__(self, model: "VulkanModel"):
+        self.model = model
+        self.kv_len = 0
+        self.mtp_len = 0
+        self.live = 0
+        self.block: tuple[int, list[int]] | None = None   # last block: rows, slot regions
+
+
+class VulkanModel:
+    """The dense chain for one model. Same interface as vkspec.model.Model:
+    new_state, forward, mtp_forward, rewind (and read_state for tests)."""
+    max_rows = MAX_ROWS
+    backend = "vulkan"
+
+    def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
+                 budget_gb: float | None = None):
+        self.cfg, self.w = cfg, w
+        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
+        self.dev = get_device()
+        self.kp = self.dev.kp
+        self.plan = self.memory_plan()
+        self.plan.check(budget_bytes(budget_gb))
+        self.up = Uploader(self.dev)
+        self._algos: dict = {}
+        self._seqs: dict = {}
+        self._state: DeviceState | None = None
+        self._build()
+
+    # --- memory ---------------------------------------------------------------
+    def _fused(self):
+        """The weights as the chain reads them: projections of one input fused."""
+        w = self.w
+        layers = []
+        for lw in w.layers + ([w.mtp.layer] if w.mtp else []):
+            m = lw.mixer
+            mix = qcat([m.q, m.k, m.v]) if lw.kind == "full_attention" else qcat([m.qkvz, m.ba])
+            out = m.o if lw.kind == "full_attention" else m.out
+            if isinstance(lw.ffn, MoeW):
+                f = lw.ffn
+                ffn = dict(router=qcat([f.router] + ([f.shared_gate] if f.shared else [])),
+                           gate_up=qcat([qcat([e.gate, e.up]) for e in f.experts]),
+                           down=qcat([e.down for e in f.experts]))
+                if f.shared:
+                    ffn.update(sh_gate_up=qcat([f.shared.gate, f.shared.up]), sh_down=f.shared.down)
+            else:
+                ffn = dict(gate_up=qcat([lw.ffn.gate, lw.ffn.up]), down=lw.ffn.down)
+            layers.append((mix, out, ffn))
+        return layers
+
+    def _dims(self):
+        c = self.cfg
+        H = c.hidden_size
+        d = dict(H=H, Hp=P(H), V=c.vocab_size, nh=c.num_attention_heads, nkv=c.num_key_value_heads,
+                 hd=c.head_dim, qw=c.head_dim * (2 if c.model_type == "qwen3_next" else 1),
+                 nk=c.linear_num_key_heads, nv=c.linear_num_value_heads,
+                 dk=c.linear_key_head_dim, dv=c.linear_value_head_dim, K=c.linear_conv_kernel_dim,
+                 E=c.num_experts, k=max(c.num_experts_per_tok, 1))
+        d["cd"] = 2 * d["nk"] * d["dk"] + d["nv"] * d["dv"]
+        return d
+
+    def memory_plan(self) -> Plan:
+        d, c, ctx = self._dims(), self.cfg, self.ctx
+        items = []
+
+        def wt(name, q):
+            items.append((f"weights:{name}", int(q.data.nbytes)))
+            items.append((f"weights:{name}.scales", int(max(q.scales.nbytes, 4))))
+
+        self.fused = self._fused()
+        items.append(("weights:embed", self.w.embed.nbytes))
+        wt("lm_head", self.w.lm_head)
+        if self.w.mtp:
+            wt("mtp.fc", self.w.mtp.fc)
+        n_attn = 0
+        for i, (mix, out, ffn) in enumerate(self.fused):
+            wt(f"layer{i}.mix", mix)
+            wt(f"layer{i}.out", out)
+            for k, q in ffn.items():
+                wt(f"layer{i}.{k}", q)
+            kind = self._layers_w()[i].kind
+            if kind == "full_attention":
+                n_attn += 1
+                items += [(f"kv:layer{i}.{t}", ctx * d["nkv"] * d["hd"] * 4) for t in "kv"]
+            else:
+                items += [(f"state:layer{i}.conv", (d["K"] - 1) * d["cd"] * 4),
+                          (f"state:layer{i}.ssm", d["nv"] * d["dk"] * d["dv"] * 4)]
+        items += [("rope:cos", ctx * max(c.rotary_dim, 1) * 4), ("rope:sin", ctx * max(c.rotary_dim, 1) * 4)]
+        for name, words in self._scratch_sizes().items():
+            items.append((f"scratch:{name}", words * 4))
+        return Plan(items)
+
+    def _layers_w(self):
+        return self.w.layers + ([self.w.mtp.layer] if self.w.mtp else [])
+
+    def _scratch_sizes(self) -> dict[str, int]:
+        d, R = self._dims(), MAX_ROWS
+        proj = [mix.rows for mix, _, _ in self.fused]
+        proj += [f[k].rows for _, _, f in self.fused for k in ("sh_gate_up",) if k in f]
+        proj += [f["gate_up"].rows for _, _, f in self.fused if "router" not in f]
+        inter = [f[k].cols_p for _, _, f in self.fused for k in ("down", "sh_down") if k in f]
+        proj, inter = max(proj + [1]), max(inter + [1])
+        return dict(
+            x=R * d["Hp"], h=R * d["Hp"], xn=R * d["Hp"], proj=R * proj,
+            qn=R * d["nh"] * d["hd"], kn=R * d["nkv"] * d["hd"], qr=R * d["nh"] * d["hd"],
+            scores=R * d["nh"] * self.ctx, attn_o=R * P(d["nh"] * d["hd"]),
+            mixed=R * d["cd"], prep=R * (2 * d["nk"] * d["dk"] + 2 * d["nv"]),
+            dn_o=R * d["nv"] * d["dv"], dn_n=R * P(max(d["nv"] * d["dv"], 1)),
+            act=R * d["k"] * inter, rlog=R * (d["E"] + 1), ridx=R * d["k"], rwt=R * d["k"],
+            ey=R * d["k"] * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d["k"] * d["H"],
+            sh=R * d["H"], fcin=R * P(2 * d["H"]), mx=R * d["Hp"], mtp_in=R * d["Hp"])
+
+    # --- building ---------------------------------------------------------------
+    def _build(self):
+        up, d = self.up, self._dims()
+        self.t_embed = up.array(self.w.embed)
+        self.t_head = up.weight(self.w.lm_head)
+        cos, sin = rope_tables(self.cfg, self.ctx)
+        self.t_cos = up.array(cos if cos.size else np.zeros(1, np.float32))
+        self.t_sin = up.array(sin if sin.size else np.zeros(1, np.float32))
+        self.layers = []
+        for lw, (mix, out, ffn) in zip(self._layers_w(), self.fused):
+            L = dict(kind=lw.kind, in_norm=up.array(lw.in_norm), post_norm=up.array(lw.post_norm),
+                     mix=up.weight(mix), out=up.weight(out),
+                     ffn={k: up.weight(q) for k, q in ffn.items()}, moe=isinstance(lw.ffn, MoeW))
+            m = lw.mixer
+            if lw.kind == "full_attention":
+                L["gated"] = m.gated
+                if m.q_norm is not None:
+                    L["q_norm"], L["k_norm"] = up.array(m.q_norm), up.array(m.k_norm)
+                n = self.ctx * d["nkv"] * d["hd"]
+                L["kc"], L["vc"] = up.zeros(n), up.zeros(n)
+            else:
+                L["conv_w"] = up.array(m.conv)
+                L["par"] = up.array(np.concatenate([m.dt_bias, m.neg_exp_a]).astype(np.float32))
+                L["norm"] = up.array(m.norm)
+                L["ring"] = up.zeros((d["K"] - 1) * d["cd"])
+                L["ssm"] = up.zeros(d["nv"] * d["dk"] * d["dv"])
+            self.layers.append(L)
+        self.regions = 1
+        if self.w.mtp:
+            m = self.w.mtp
+            self.t_fc = up.weight(m.fc)
+            self.t_norm_emb, self.t_norm_hidden = up.array(m.norm_emb), up.array(m.norm_hidden)
+            self.t_mtp_norm = up.array(m.norm)
+        self.t_norm = up.array(self.w.norm)
+        self.s = {}
+        for name, words in self._scratch_sizes().items():
+            kind = "device" if name in ("x", "mx", "mtp_in") else "storage"
+            dtype = np.uint32 if name == "ridx" else np.float32
+            self.s[name] = up.zeros(words, dtype, kind)
+        self.step = up.zeros(STEP_WORDS, np.uint32, "device")
+        self.mtp_step = up.zeros(STEP_WORDS, np.uint32, "device")
+        self.out = {}      # (kind, rows) -> (logits, picks) device tensors
+
+    def _outputs(self, kind: str, rows: int):
+        key = (kind, rows)
+        if key not in self.out:
+            self.out[key] = (self.dev.zeros(rows * self.cfg.vocab_size, np.float32, "device"),
+                             self.dev.zeros(rows, np.uint32, "device"))
+        return self.out[key]
+
+    # --- recording ----------------------------------------------------------------
+    def _op(self, stem, variant, tensors, groups, **push):
+        shader = load_shader(stem, variant)
+        g = (groups, 1, 1) if isinstance(groups, int) else tuple(groups) + (1,) * (3 - len(groups))
+        key = (shader.name, tuple(id(t) for t in tensors), g)
+        algo = self._algos.get(key)
+        if algo is None:
+            algo = self._algos[key] = self.dev.algorithm(shader, tensors, g, push)
+        self._rec.append((algo, shader.pack(push)))
+
+    def _gemv(self, w: DevWeight, x, y, rows, x_off=0, x_stride=None, y_off=0, y_stride=None, acc=False):
+        self._op("gemv", w.variant + ("_acc" if acc else ""), [w.data, w.scales, x, y], _groups(w.rows),
+                 rows=w.rows, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
+                 y_off=y_off, y_stride=w.rows if y_stride is None else y_stride)
+
+    def _routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows):
+        s = self.s
+        self._op("gemv", w.variant + "_routed", [w.data, w.scales, x, y, s["ridx"]],
+                 (_groups(per_expert_rows), pairs), rows=per_expert_rows, cols=w.cols_p, nvec=pairs,
+                 x_stride=x_stride, y_stride=y_stride, w_expert=per_expert_rows * w.words_per_row,
+                 s_expert=per_expert_rows * w.scales_per_row, x_div=x_div)
+
+    def _rmsnorm(self, x, w, y, rows, n, group=1, x_off=0, x_stride=0, x_inner=0, y_off=0,
+                 y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
+        tensors = [x, w, y] + ([z] if z is not None else [])
+        self._op("rmsnorm", "gated" if z is not None else "plain", tensors, _groups(rows),
+                 rows=rows, n=n, group=group, x_off=x_off, x_stride=x_stride, x_inner=x_inner,
+                 y_off=y_off, y_stride=y_stride, y_inner=y_inner, z_off=z_off, z_stride=z_stride,
+                 z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n))
+
+    def _record(self, kind: str, n: int, bucket: int, last: bool):
+        d, s = self._dims(), self.s
+        self._rec = []
+        step = self.step if kind == "main" else self.mtp_step
+        x = s["x"] if kind == "main" else s["mx"]
+        if kind == "main":
+            self._op("embed", None, [self.t_embed, x, step], _groups(n * d["H"]),
+                     rows=n, n=d["H"], y_stride=d["Hp"])
+            layers = self.layers[:len(self.w.layers)]
+        else:
+            F = P(2 * d["H"])
+            self._op("embed", None, [self.t_embed, s["h"], step], _groups(n * d["H"]),
+                     rows=n, n=d["H"], y_stride=d["Hp"])
+            self._rmsnorm(s["h"], self.t_norm_emb, s["fcin"], n, d["H"], x_stride=d["Hp"], y_stride=F)
+            self._rmsnorm(s["mtp_in"], self.t_norm_hidden, s["fcin"], n, d["H"], x_stride=d["Hp"],
+                          y_off=d["H"], y_stride=F)
+            self._gemv(self.t_fc, s["fcin"], x, n, y_stride=d["Hp"])
+            layers = self.layers[len(self.w.layers):]
+        for L in layers:
+            self._rmsnorm(x, L["in_norm"], s["h"], n, d["H"], x_stride=d["Hp"], y_stride=d["Hp"])
+            if L["kind"] == "full_attention":
+                self._attention(L, x, n, bucket, step)
+            else:
+                self._deltanet(L, x, n, step)
+            self._rmsnorm(x, L["post_norm"], s["h"], n, d["H"], x_stride=d["Hp"], y_stride=d["Hp"])
+            (self._moe if L["moe"] else self._mlp)(L, x, n)
+        rows = 1 if last else n
+        norm = self.t_norm if kind == "main" else self.t_mtp_norm
+        self._rmsnorm(x, norm, s["xn"], rows, d["H"], x_off=(n - rows) * d["Hp"], x_stride=d["Hp"],
+                      y_stride=d["Hp"])
+        logits, picks = self._outputs(kind, rows)
+        self._gemv(self.t_head, s["xn"], logits, rows, x_stride=d["Hp"])
+        self._op("argmax", None, [logits, picks], _groups(rows), rows=rows, n=d["V"], x_stride=d["V"])
+        seq = self.dev.sequence()
+        seq.record(self.kp.OpTensorSyncDevice([step] + ([s["mtp_in"]] if kind == "mtp" else [])))
+        for algo, push in self._rec:
+            seq.record(self.kp.OpAlgoDispatch(algo, push))
+        seq.record(self.kp.OpTensorSyncLocal([x, logits, picks]))
+        self._rec = None
+        return seq, logits, picks
+
+    def _attention(self, L, x, n, bucket, step):
+        d, s = self._dims(), self.s
+        nh, nkv, hd, qw = d["nh"], d["nkv"], d["hd"], d["qw"]
+        Pw = L["mix"].rows
+        self._gemv(L["mix"], s["h"], s["proj"], n, x_stride=d["Hp"])
+        if "q_norm" in L:
+            self._rmsnorm(s["proj"], L["q_norm"], s["qn"], n * nh, hd, group=nh, x_stride=Pw,
+                          x_inner=qw, y_stride=nh * hd, y_inner=hd)
+            self._rmsnorm(s["proj"], L["k_norm"], s["kn"], n * nkv, hd, group=nkv, x_off=nh * qw,
+                          x_stride=Pw, x_inner=hd, y_stride=nkv * hd, y_inner=hd)
+            q_src = dict(t=s["qn"], x_off=0, x_stride=nh * hd, x_hstride=hd)
+            k_src = dict(t=s["kn"], x_off=0, x_stride=nkv * hd, x_hstride=hd)
+        else:
+            q_src = dict(t=s["proj"], x_off=0, x_stride=Pw, x_hstride=qw)
+            k_src = dict(t=s["proj"], x_off=nh * qw, x_stride=Pw, x_hstride=hd)
+        rot = self.cfg.rotary_dim
+        tabs = [self.t_cos, self.t_sin]
+
+        def rope(src, dst, variant, heads, r, y_stride):
+            t = src.pop("t")
+            self._op("rope", variant, [t] + tabs + [dst, step], _groups(n * heads * hd),
+                     rows=n, heads=heads, hd=hd, rot=r, y_stride=y_stride, **src)
+
+        rope(q_src, s["qr"], "rows", nh, rot, nh * hd)
+        rope(k_src, L["kc"], "cache", nkv, rot, nkv * hd)
+        rope(dict(t=s["proj"], x_off=nh * qw + nkv * hd, x_stride=Pw, x_hstride=hd), L["vc"], "cache",
+             nkv, 0, nkv * hd)
+        common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.ctx,
+                      scale=np.float32(hd ** -0.5))
+        self._op("attend", "scores", [s["qr"], L["kc"], s["scores"], s["attn_o"], step],
+                 (_groups(bucket), n * nh), q_stride=nh * hd, q_hstride=hd, **common)
+        self._op("attend", "softmax", [s["qr"], L["kc"], s["scores"], s["attn_o"], step],
+                 (1, n * nh), **common)
+        self._op("attend", "out_gated" if L["gated"] else "out",
+                 [s["proj"], L["vc"], s["scores"], s["attn_o"], step], (_groups(hd), n * nh),
+                 q_stride=Pw, q_hstride=qw, gate_off=hd, o_stride=P(nh * hd), **common)
+        self._gemv(L["out"], s["attn_o"], x, n, x_stride=P(nh * hd), y_stride=d["Hp"], acc=True)
+
+    def _deltanet(self, L, x, n, step):
+        d, s = self._dims(), self.s
+        nk, nv, dk, dv, cd = d["nk"], d["nv"], d["dk"], d["dv"], d["cd"]
+        Pw = L["mix"].rows
+        self._gemv(L["mix"], s["h"], s["proj"], n, x_stride=d["Hp"])
+        self._op("conv_step", None, [s["proj"], L["conv_w"], L["ring"], s["mixed"], step],
+                 _groups(cd), rows=n, channels=cd, k=d["K"], x_stride=Pw, y_stride=cd)
+        dn = dict(rows=n, nk=nk, nv=nv, dk=dk, dv=dv, m_stride=cd, ba_off=cd + nv * dv, ba_stride=Pw,
+                  o_stride=nv * dv, scale=np.float32(dk ** -0.5), eps=np.float32(1e-6))
+        tensors = [s["mixed"], s["proj"], L["par"], s["prep"], L["ssm"], s["dn_o"], step]
+        self._op("deltanet_step", "prep", tensors, _groups(n * (2 * nk + nv)), **dn)
+        self._op("deltanet_step", "scan", tensors, _groups(nv * dv), **dn)
+        self._rmsnorm(s["dn_o"], L["norm"], s["dn_n"], n * nv, dv, group=nv, x_stride=nv * dv,
+                      x_inner=dv, y_stride=P(nv * dv), y_inner=dv, z=s["proj"], z_off=cd,
+                      z_stride=Pw, z_inner=dv)
+        self._gemv(L["out"], s["dn_n"], x, n, x_stride=P(nv * dv), y_stride=d["Hp"], acc=True)
+
+    def _mlp(self, L, x, n):
+        d, s, f = self._dims(), self.s, L["ffn"]
+        inter = f["down"].cols_p
+        width = f["gate_up"].rows // 2
+        self._gemv(f["gate_up"], s["h"], s["proj"], n, x_stride=d["Hp"])
+        self._op("silu_mul", None, [s["proj"], s["act"]], _groups(n * width), rows=n, n=width,
+                 x_stride=2 * width, y_stride=inter)
+        self._gemv(f["down"], s["act"], x, n, x_stride=inter, y_stride=d["Hp"], acc=True)
+
+    def _moe(self, L, x, n):
+        d, s, f, c = self._dims(), self.s, L["ffn"], self.cfg
+        E, k, H, mi = d["E"], d["k"], d["H"], c.moe_intermediate_size
+        R = f["router"].rows
+        self._gemv(f["router"], s["h"], s["rlog"], n, x_stride=d["Hp"])
+        self._op("route", None, [s["rlog"], s["ridx"], s["rwt"]], _groups(n), rows=n, n=E, k=k,
+                 x_stride=R, normalize=int(c.norm_topk_prob))
+        self._routed(f["gate_up"], s["h"], s["ey"], n * k, k, d["Hp"], 2 * mi, 2 * mi)
+        self._op("silu_mul", None, [s["ey"], s["act"]], _groups(n * k * mi), rows=n * k, n=mi,
+                 x_stride=2 * mi, y_stride=P(mi))
+        self._routed(f["down"], s["act"], s["ed"], n * k, 1, P(mi), H, H)
+        shared = "sh_down" in f
+        if shared:
+            si = f["sh_down"].cols_p
+            w2 = f["sh_gate_up"].rows // 2
+            self._gemv(f["sh_gate_up"], s["h"], s["proj"], n, x_stride=d["Hp"])
+            self._op("silu_mul", None, [s["proj"], s["act"]], _groups(n * w2), rows=n, n=w2,
+                     x_stride=2 * w2, y_stride=si)
+            self._gemv(f["sh_down"], s["act"], s["sh"], n, x_stride=si, y_stride=H)
+        self._op("moe_combine", "shared" if shared else "routed",
+                 [x, s["ed"], s["rwt"], s["sh"], s["rlog"]], _groups(n * H), rows=n, n=H, k=k,
+                 x_stride=d["Hp"], y_stride=H, s_stride=H, g_stride=R, g_off=E)
+
+    def _sequence(self, kind, n, bucket, last):
+        key = (kind, n, bucket, last)
+        if key not in self._seqs:
+            self._seqs[key] = self._record(kind, n, bucket, last)
+        return self._seqs[key]
+
+    def _bucket(self, length: int) -> int:
+        b = 64
+        while b < length:
+            b *= 2
+        return min(b, self.ctx)
+
+    # --- state --------------------------------------------------------------------
+    def new_state(self) -> DeviceState:
+        """A fresh state. The device holds one: a new one replaces the last."""
+        if self._state is not None:
+            self._state.model = None
+        seq = self.dev.sequence()
+        for L in self.layers:
+            for name in ("ring", "ssm"):
+                if name in L:
+                    self.dev.record_fill(seq, None, L[name], L[name].size())
+        seq.eval()
+        self._state = DeviceState(self)
+        return self._state
+
+    def _check(self, st):
+        if st is not self._state or st.model is not self:
+            raise VkspecError("this device state was replaced by a newer one (one state per model)")
+
+    def _write_step(self, t, kv_len, live, tokens, pos, slots):
+        a = t.data()
+        a[:] = 0
+        a[STEP_KV_LEN], a[STEP_LIVE], a[STEP_NROWS] = kv_len, live, len(tokens)
+        a[STEP_SLOT:STEP_SLOT + MAX_ROWS] = NO_SLOT
+        a[STEP_SLOT:STEP_SLOT + len(slots)] = slots
+        a[STEP_TOK:STEP_TOK + len(tokens)] = tokens
+        a[STEP_POS:STEP_POS + len(pos)] = pos
+
+    def _rows(self, kind, tokens, x_len, last, logits_t, picks_t):
+        n, H, V = len(tokens), self.cfg.hidden_size, self.cfg.vocab_size
+        x = self.s["x" if kind == "main" else "mx"].data()
+        rows = 1 if last else n
+        hidden = x[:n * self._dims()["Hp"]].reshape(n, -1)[:, :H].copy()
+        logits = logits_t.data()[:rows * V].reshape(rows, V).copy()
+        self.last_picks = picks_t.data()[:rows].astype(np.int64)
+        return hidden, logits
+
+    def _validate(self, tokens, start):
+        n = len(tokens)
+        if not 1 <= n <= MAX_ROWS:
+            raise VkspecError(f"a device block has 1 to {MAX_ROWS} rows, got {n}")
+        if start + n > self.ctx:
+            raise VkspecError(f"context full: {start} + {n} tokens > {self.ctx}")
+        if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
+            raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
+
+    def forward(self, tokens, st: DeviceState, logits_rows: str = "all", copies: bool = False):
+        """Feed n <= MAX_ROWS tokens at positions kv_len..; see Model.forward.
+        With copies, the recurrent state after each row but the last is kept
+        in a copy slot, for :meth:`rewind`."""
+        self._check(st)
+        tokens = [int(t) for t in tokens]
+        n = len(tokens)
+        self._validate(tokens, st.kv_len)
+        if copies and n > 1 and self.regions < n:
+            self._grow(n)
+        slots = [r for r in range(self.regions) if r != st.live][:n - 1] if copies else []
+        self._write_step(self.step, st.kv_len, st.live, tokens, range(st.kv_len, st.kv_len + n), slots)
+        last = logits_rows != "all" and n > 1
+        seq, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
+        seq.eval()
+        st.kv_len += n
+        st.block = (n, slots)
+        return self._rows("main", tokens, st.kv_len, last, logits_t, picks_t)
+
+    def rewind(self, st: DeviceState, keep: int):
+        """Keep rows 0..keep-1 of the last block: the watermark comes down and,
+        if rows were dropped, the copy slot of row keep-1 becomes live."""
+        self._check(st)
+        if st.block is None:
+            raise VkspecError("rewind needs a block forwarded just before")
+        n, slots = st.block
+        if not 1 <= keep <= n:
+            raise VkspecError(f"rewind keeps 1..{n} rows, got {keep}")
+        if keep < n:
+            if len(slots) < keep:
+                raise VkspecError("rewind into a block forwarded without copies")
+            st.live = slots[keep - 1]
+            st.kv_len -= n - keep
+        st.block = None
+
+    def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions):
+        """The MTP head on the device; see Model.mtp_forward."""
+        self._check(st)
+        if self.w.mtp is None:
+            raise VkspecError("the model was loaded without its MTP head")
+        tokens = [int(t) for t in next_tokens]
+        pos = [int(p) for p in positions]
+        self._validate(tokens, max(pos) + 1 - len(tokens))
+        n, d = len(tokens), self._dims()
+        buf = self.s["mtp_in"].data()
+        buf[:n * d["Hp"]].reshape(n, d["Hp"])[:, :d["H"]] = np.asarray(hidden, np.float32).reshape(n, d["H"])
+        self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
+        seq, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), False)
+        seq.eval()
+        return self._rows("mtp", tokens, 0, False, logits_t, picks_t)
+
+    # --- copy slots ---------------------------------------------------------------
+    def _grow(self, regions: int):
+        """Give every recurrent state buffer `regions` regions, the live one
+        moved to region 0. A failed allocation releases what it made and
+        leaves the live state as it was."""
+        st = self._state
+        made = []
+        try:
+            for L in self.layers:
+                for name in ("ring", "ssm"):
+                    if name in L:
+                        made.append((L, name, self.up.zeros(L[name].size() // self.regions * regions)))
+        except Exception as e:
+            for _, _, t in made:
+                t.destroy()
+            raise VkspecError(f"could not allocate {regions - 1} recurrent copy slots: {e}") from None
+        seq = self.dev.sequence()
+        keep = []
+        for L, name, t in made:
+            words = L[name].size() // self.regions
+            keep.append(self.dev.record_fill(seq, L[name], t, words, src_off=st.live * words))
+        seq.eval()
+        del keep
+        self._seqs.clear()
+        old = set()
+        for L, name, t in made:
+            old.add(id(L[name]))
+            L[name].destroy()
+            L[name] = t
+        self._algos = {k: a for k, a in self._algos.items() if not old & set(k[1])}
+        self.regions, st.live = regions, 0
+
+    def read_state(self, st: DeviceState) -> State:
+        """The live state as host arrays (KV rows up to the watermark) - for tests."""
+        self._check(st)
+        d, dev = self._dims(), self.dev
+        kv_k, kv_v, conv, ssm = [], [], [], []
+        row = d["nkv"] * d["hd"]
+        for L in self.layers[:len(self.w.layers)]:
+            if L["kind"] == "full_attention":
+                kv_k.append(dev.read(L["kc"], 0, st.kv_len * row).reshape(st.kv_len, d["nkv"], d["hd"]))
+                kv_v.append(dev.read(L["vc"], 0, st.kv_len * row).reshape(st.kv_len, d["nkv"], d["hd"]))
+            else:
+                w = L["ring"].size() // self.regions
+                conv.append(dev.read(L["ring"], st.live * w, w).reshape(d["K"] - 1, d["cd"]))
+                w = L["ssm"].size() // self.regions
+                ssm.append(dev.read(L["ssm"], st.live * w, w).reshape(d["nv"], d["dk"], d["dv"]))
+        return State(kv_k, kv_v, conv, ssm, kv_len=st.kv_len)
