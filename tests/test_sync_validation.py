@@ -1,4 +1,5 @@
-"""Synchronization validation: a recorded chain of dependent dispatches is hazard-free."""
+"""Synchronization validation: recorded chains of dependent dispatches, and a full
+generation on the dense chain, are hazard-free."""
 
 import os
 import subprocess
@@ -33,5 +34,13 @@ def test_validation_layer_reports_a_real_hazard(vk, tmp_path):
 
 def test_chain_of_24_dependent_dispatches_is_clean(vk, tmp_path):
     out, log = run_validated(tmp_path, "chain")
+    assert out == "match"
+    assert log == "", f"validation messages:\n{log[:4000]}"
+
+
+def test_full_generation_on_the_dense_chain_is_clean(vk, tmp_path):
+    """Prefill, decode, verify blocks with copy slots, rewinds and the MTP head
+    under synchronization validation: no message, and CPU bits throughout."""
+    out, log = run_validated(tmp_path, "generate")
     assert out == "match"
     assert log == "", f"validation messages:\n{log[:4000]}"

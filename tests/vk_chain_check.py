@@ -5,6 +5,9 @@ one sequence and replayed twice; prints whether the result equals NumPy's.
 mode "hazard": a dispatch, then a host upload into the buffer it wrote, with
 no barrier between them (kp's OpTensorSyncDevice records none): a real
 write-after-write hazard, the positive control for synchronization validation.
+mode "generate": a full generation on the dense chain of a tiny hybrid with
+an MTP head (prefill blocks, 48 decode steps, verify blocks with copy slots,
+rewinds, the MTP head); prints whether every logits row equals the CPU's.
 """
 
 import sys
@@ -56,5 +59,32 @@ def hazard():
     print("ran")
 
 
+def generate():
+    import tempfile
+    from vkspec.model import load_model
+    from vkspec.tiny import make_tiny
+    d = make_tiny(tempfile.mkdtemp(), seed=2, mtp=True)
+    cpu, vk = load_model(d, fmt="int4-g64"), load_model(d, fmt="int4-g64", backend="vulkan")
+    sc, sv = cpu.new_state(), vk.new_state()
+    ok = True
+    toks = [int(t) for t in np.random.default_rng(1).integers(1, 512, 21)]
+    for i in range(0, 21, 8):
+        ok &= same_bits(cpu.forward(toks[i:i + 8], sc)[1], vk.forward(toks[i:i + 8], sv)[1])
+    tok = 1
+    for step in range(48):
+        block = [tok] + [(tok * 7 + j) % 512 for j in range(step % 4)]
+        hc, lc = cpu.forward(block, sc, copies=True)
+        hv, lv = vk.forward(block, sv, copies=True)
+        ok &= same_bits(lc, lv)
+        keep = 1 + step % len(block)
+        cpu.rewind(sc, keep)
+        vk.rewind(sv, keep)
+        tok = int(np.argmax(lc[keep - 1]))
+        pos = [sc.kv_len]
+        ok &= same_bits(cpu.mtp_forward(hc[keep - 1:keep], [tok], sc, pos)[1],
+                        vk.mtp_forward(hv[keep - 1:keep], [tok], sv, pos)[1])
+    print("match" if ok else "MISMATCH")
+
+
 if __name__ == "__main__":
-    {"chain": chain, "hazard": hazard}[sys.argv[1]]()
+    {"chain": chain, "hazard": hazard, "generate": generate}[sys.argv[1]]()

@@ -410,7 +410,11 @@ class VulkanModel:
         rows = 1 if last else n
         hidden = x[:n * self._dims()["Hp"]].reshape(n, -1)[:, :H].copy()
         logits = logits_t.data()[:rows * V].reshape(rows, V).copy()
-        self.last_picks = picks_t.data()[:rows].astype(np.int64)
+        picks = picks_t.data()[:rows].astype(np.int64)
+        if kind == "main":
+            self.last_picks = picks      # the device's argmax of each logits row
+        else:
+            self.last_mtp_picks = picks
         return hidden, logits
 
     def _validate(self, tokens, start):

@@ -22,11 +22,7 @@ def _run(args) -> int:
     if args.spec != "off":
         print(f"vkspec: --spec {args.spec} is not implemented yet (issue 5)", file=sys.stderr)
         return 2
-    if args.backend != "cpu":
-        print("vkspec: --backend vulkan runs the dense chain, which is not built yet (issue 4)",
-              file=sys.stderr)
-        return 2
-    model = load_model(args.model, fmt=args.dtype)
+    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
     tok = None
     if args.prompt_ids is not None:
         try:
@@ -92,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", type=int, default=32)
     p.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
     p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
+    p.add_argument("--device-gb", type=float, default=None,
+                   help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
     p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default="off")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -44,8 +44,8 @@ class Plan:
         for name, b in self.items:
             if b > limit:
                 raise VkspecError(
-                    f"{name} needs one {b / 2**20:.1f} MiB device buffer, over the device's "
-                    f"largest storage buffer ({limit / 2**20:.0f} MiB; VKSPEC_MAX_BUFFER_MB)")
+                    f"{name} needs one {b / 2**20:.2f} MiB device buffer, over the device's "
+                    f"largest storage buffer ({limit / 2**20:.2f} MiB; VKSPEC_MAX_BUFFER_MB)")
         if budget is not None and self.total > budget:
             raise VkspecError(f"{what} needs {self.total / 2**30:.3f} GiB of device memory, over "
                               f"the budget of {budget / 2**30:.3f} GiB (--device-gb / VKSPEC_DEVICE_GB)")

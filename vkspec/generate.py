@@ -35,7 +35,10 @@ class Result:
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def prefill(model, state, prompt: list[int], block: int = 32):
+def prefill(model, state, prompt: list[int], block: int | None = None):
+    """Feed the prompt in blocks of the backend's largest block (a row's bits
+    do not depend on its block)."""
+    block = block or model.max_rows
     hidden = logits = None
     for i in range(0, len(prompt), block):
         hidden, logits = model.forward(prompt[i:i + block], state, logits_rows="last")
@@ -43,7 +46,7 @@ def prefill(model, state, prompt: list[int], block: int = 32):
 
 
 def generate(model, prompt: list[int], n: int, sampler: Sampler | None = None,
-             stop: set[int] | None = None, block: int = 32) -> Result:
+             stop: set[int] | None = None, block: int | None = None) -> Result:
     """Plain decoding: n tokens after the prompt (fewer if a stop token comes)."""
     if not prompt:
         raise ValueError("empty prompt")

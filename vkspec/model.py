@@ -408,11 +408,20 @@ def rope_tables(cfg: ModelConfig, ctx: int):
     return np.cos(ang).astype(f32), np.sin(ang).astype(f32)
 
 
-def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None) -> Model:
+def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
+               backend: str = "cpu", device_gb: float | None = None):
+    """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
+    dense chain). Both have the same interface and give the same bits."""
     from .config import load_config
+    if backend not in ("cpu", "vulkan"):
+        raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
     cfg = load_config(model_dir)
     ckpt = Checkpoint(model_dir)
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
         raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
-    return Model(cfg, Loader(cfg, ckpt, fmt).load(want_mtp), ctx)
+    weights = Loader(cfg, ckpt, fmt).load(want_mtp)
+    if backend == "vulkan":
+        from .chain import VulkanModel
+        return VulkanModel(cfg, weights, ctx, budget_gb=device_gb)
+    return Model(cfg, weights, ctx)

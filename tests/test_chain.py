@@ -1,0 +1,225 @@
+"""The Vulkan dense chain against the NumPy path, byte for byte: prefill
+blocks, decode steps, verify blocks, the MTP head, rollback, copy slots."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import bits_equal
+from vkspec.errors import VkspecError
+from vkspec.generate import generate
+from vkspec.model import load_model
+from vkspec.tiny import make_tiny
+
+FORMATS = ["f32", "int8", "int4-g64"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"), seed=3, mtp=True, experts=4)
+
+
+@pytest.fixture(scope="module")
+def pairs(vk, tiny_dir):
+    """(cpu, vulkan) models per format, built once (pipelines are slow to make)."""
+    cache = {}
+
+    def get(fmt, mtp=True):
+        if (fmt, mtp) not in cache:
+            cache[fmt, mtp] = (load_model(tiny_dir, fmt=fmt, mtp=mtp),
+                               load_model(tiny_dir, fmt=fmt, mtp=mtp, backend="vulkan"))
+        return cache[fmt, mtp]
+    return get
+
+
+def prompt(n, seed=0):
+    return [int(t) for t in np.random.default_rng(seed).integers(1, 512, n)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_decode_and_mtp_bits(pairs, fmt):
+    """103-token prompt in 8-row blocks (all rows' logits), 64 greedy decode
+    steps, and the MTP head every 8 steps: hidden and logits byte for byte."""
+    cpu, vk = pairs(fmt)
+    sc, sv = cpu.new_state(), vk.new_state()
+    toks = prompt(103)
+    for i in range(0, len(toks), 8):
+        hc, lc = cpu.forward(toks[i:i + 8], sc)
+        hv, lv = vk.forward(toks[i:i + 8], sv)
+        bits_equal(hv, hc)
+        bits_equal(lv, lc)
+    for step in range(64):
+        tok = int(np.argmax(lc[-1]))
+        assert vk.last_picks[-1] == tok, (vk.last_picks, np.argmax(lc, axis=1), np.argmax(lv, axis=1))
+        hc, lc = cpu.forward([tok], sc)
+        hv, lv = vk.forward([tok], sv)
+        bits_equal(hv, hc)
+        bits_equal(lv, lc)
+        if step % 8 == 0:
+            nxt = int(np.argmax(lc[-1]))
+            mc = cpu.mtp_forward(hc, [nxt], sc, [sc.kv_len])
+            mv = vk.mtp_forward(hv, [nxt], sv, [sv.kv_len])
+            bits_equal(mv[0], mc[0])
+            bits_equal(mv[1], mc[1])
+    assert sv.kv_len == sc.kv_len == 167
+
+
+@pytest.mark.parametrize("n_prompt", [1, 7, 100])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_generate_digest(pairs, fmt, n_prompt):
+    cpu, vk = pairs(fmt, mtp=False)
+    rc = generate(cpu, prompt(n_prompt, seed=n_prompt), 64)
+    rv = generate(vk, prompt(n_prompt, seed=n_prompt), 64)
+    assert rv.tokens == rc.tokens
+    assert rv.digest == rc.digest
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_verify_block_rows_have_decode_step_bits(pairs, k):
+    """A k+1-row block (with copy slots) equals k+1 single-row decode steps."""
+    cpu, vk = pairs("int8")
+    toks = prompt(20 + k + 1, seed=k)
+    sv = vk.new_state()
+    for i in range(0, 20, 8):
+        vk.forward(toks[i:min(i + 8, 20)], sv)
+    hb, lb = vk.forward(toks[20:], sv, copies=True)
+    sv = vk.new_state()
+    for i in range(0, 20, 8):
+        vk.forward(toks[i:min(i + 8, 20)], sv)
+    rows = [vk.forward([t], sv) for t in toks[20:]]
+    bits_equal(hb, np.concatenate([r[0] for r in rows]))
+    bits_equal(lb, np.concatenate([r[1] for r in rows]))
+
+
+def state_equal(a, b):
+    assert a.kv_len == b.kv_len
+    for x, y in zip(a.kv_k + a.kv_v, b.kv_k + b.kv_v):
+        bits_equal(np.asarray(x)[:a.kv_len], np.asarray(y)[:b.kv_len])
+    for x, y in zip(a.conv + a.ssm, b.conv + b.ssm):
+        bits_equal(x, y)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "int4-g64"])
+def test_rollback_equals_feeding_only_the_kept_rows(pairs, fmt):
+    """Forward 6 rows with copies, keep rows 0..r: the device state equals a
+    run that fed only those rows (and the CPU's), and decoding goes on equal."""
+    cpu, vk = pairs(fmt)
+    toks = prompt(15, seed=5)
+    head, block = toks[:9], toks[9:]
+    for keep in (1, 3, 6):
+        sv, sc = vk.new_state(), cpu.new_state()
+        for m, s in ((vk, sv), (cpu, sc)):
+            m.forward(head[:8], s)
+            m.forward(head[8:], s)
+            m.forward(block, s, copies=True)
+            m.rewind(s, keep)
+        got = vk.read_state(sv)
+        state_equal(got, sc)
+        ref = vk.new_state()
+        vk.forward(head[:8], ref)
+        vk.forward(head[8:] + block[:keep], ref)
+        state_equal(vk.read_state(ref), got)
+        # go on from the rewound state on both backends
+        sv, sc = vk.new_state(), cpu.new_state()
+        for m, s in ((vk, sv), (cpu, sc)):
+            m.forward(head[:8], s)
+            m.forward(head[8:], s)
+            m.forward(block, s, copies=True)
+            m.rewind(s, keep)
+        for t in (11, 12, 13):
+            bits_equal(vk.forward([t], sv)[1], cpu.forward([t], sc)[1])
+
+
+def test_watermark_host_and_device_agree(pairs):
+    from vkspec.chain import STEP_KV_LEN
+    _, vk = pairs("f32")
+    sv = vk.new_state()
+    for blk in ([9], [1, 2, 3, 4, 5], [6, 7, 8]):
+        before = sv.kv_len
+        vk.forward(blk, sv, copies=True)
+        assert int(vk.step.data()[STEP_KV_LEN]) == before
+        assert sv.kv_len == before + len(blk)
+    vk.rewind(sv, 1)                           # 9 rows stand: the watermark comes down
+    assert sv.kv_len == 7
+    vk.forward([10, 11], sv)                   # and the next block writes from row 7
+    assert int(vk.step.data()[STEP_KV_LEN]) == 7 and sv.kv_len == 9
+
+
+def test_copy_slot_allocation_failure_leaves_state_and_allows_retry(vk, tiny_dir):
+    cpu = load_model(tiny_dir, mtp=False)
+    m = load_model(tiny_dir, mtp=False, backend="vulkan")
+    assert m.regions == 1                      # no copy slot until first use
+    sv, sc = m.new_state(), cpu.new_state()
+    m.forward([1, 2, 3], sv)
+    cpu.forward([1, 2, 3], sc)
+    before = m.read_state(sv)
+    m.up.fail_after = 2                        # the third new tensor fails
+    with pytest.raises(VkspecError, match="copy slots"):
+        m.forward([4, 5, 6, 7], sv, copies=True)
+    assert m.regions == 1 and sv.kv_len == 3
+    state_equal(m.read_state(sv), before)
+    _, lv = m.forward([4, 5, 6, 7], sv, copies=True)    # the retry allocates
+    _, lc = cpu.forward([4, 5, 6, 7], sc, copies=True)
+    assert m.regions == 4
+    bits_equal(lv, lc)
+    m.rewind(sv, 2)
+    cpu.rewind(sc, 2)
+    state_equal(m.read_state(sv), sc)
+
+
+def test_budget_and_buffer_limit_fail_before_building(vk, tiny_dir, monkeypatch):
+    from vkspec.device import Device
+
+    def no_tensors(*a, **k):
+        raise AssertionError("a device tensor was made before the plan was checked")
+    monkeypatch.setattr(Device, "tensor", no_tensors)
+    monkeypatch.setattr(Device, "zeros", no_tensors)
+    with pytest.raises(VkspecError, match="over the budget of 0.000 GiB"):
+        load_model(tiny_dir, backend="vulkan", device_gb=1e-4)
+    monkeypatch.setenv("VKSPEC_MAX_BUFFER_MB", "0.05")
+    with pytest.raises(VkspecError, match=r"weights:embed needs one 0.12 MiB device buffer, over "
+                                          r"the device's largest storage buffer \(0.05 MiB"):
+        load_model(tiny_dir, backend="vulkan")
+
+
+@pytest.mark.parametrize("shape", ["grouped", "flat", "dense"])
+def test_transformers_shapes_on_the_device(vk, shape, tmp_path):
+    """The oracle's shapes (GQA/MQA, dk != dv, top-1 unnormalised, dense MLP)."""
+    from conftest import require
+    require("torch")
+    from oracle_models import build
+    build(shape, tmp_path)
+    cpu, dev = load_model(tmp_path), load_model(tmp_path, backend="vulkan")
+    toks = prompt(21, seed=7)
+    sc, sv = cpu.new_state(), dev.new_state()
+    for i in range(0, 21, 8):
+        ids = [t % 101 for t in toks[i:i + 8]]
+        bits_equal(dev.forward(ids, sv)[1], cpu.forward(ids, sc)[1])
+
+
+def run_cli(*args):
+    res = subprocess.run([sys.executable, "-m", "vkspec.cli", *args], capture_output=True,
+                         text=True, timeout=600, env=os.environ)
+    return res
+
+
+def test_cli_vulkan_and_cpu_print_the_same_digest(vk, tiny_dir):
+    out = {}
+    for backend in ("cpu", "vulkan"):
+        res = run_cli("run", str(tiny_dir), "--prompt", "def fibonacci(n):", "-n", "40",
+                      "--backend", backend, "--dtype", "int8", "--json")
+        assert res.returncode == 0, res.stderr
+        out[backend] = json.loads(res.stdout)
+    assert out["vulkan"]["digest"] == out["cpu"]["digest"]
+    assert out["vulkan"]["tokens"] == out["cpu"]["tokens"]
+
+
+def test_cli_device_budget_is_one_line(vk, tiny_dir):
+    res = run_cli("run", str(tiny_dir), "--prompt-ids", "1,2", "--backend", "vulkan",
+                  "--device-gb", "0.0001")
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "over the budget" in res.stderr
