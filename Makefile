@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml ci/kompute/kp-0.9.0-vkspec.patch ci/kompute/build-kp.sh
 demo: setup
 	$(VENV)/bin/vkspec selftest
 	$(VENV)/bin/vkspec make-tiny out/tiny --mtp
+	$(VENV)/bin/vkspec run out/tiny --prompt "def fibonacci(n):" -n 32 --backend vulkan --json
 	$(VENV)/bin/vkspec run out/tiny --prompt "def fibonacci(n):" -n 32 --backend cpu --json
 
 test: setup
@@ -26,6 +27,7 @@ test: setup
 bench: setup
 	$(VENV)/bin/python tests/bench/bench_core.py
 	$(VENV)/bin/python tests/bench/bench_decode.py
+	$(VENV)/bin/python tests/bench/bench_chain.py
 
 shaders: setup
 	$(VENV)/bin/python vkspec/shaders/build.py

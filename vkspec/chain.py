@@ -20,6 +20,8 @@ Terms:
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from . import exact
@@ -72,6 +74,7 @@ class VulkanModel:
         self._algos: dict = {}
         self._seqs: dict = {}
         self._state: DeviceState | None = None
+        self.timing: dict | None = None
         self._build()
 
     # --- memory ---------------------------------------------------------------
@@ -440,7 +443,12 @@ class VulkanModel:
         self._write_step(self.step, st.kv_len, st.live, tokens, range(st.kv_len, st.kv_len + n), slots)
         last = logits_rows != "all" and n > 1
         seq, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
-        seq.eval()
+        if self.timing is None:
+            seq.eval()
+        else:                                    # vkspec.bench: device time vs host time
+            t0 = time.perf_counter()
+            seq.eval()
+            self.timing["eval"] += time.perf_counter() - t0
         st.kv_len += n
         st.block = (n, slots)
         return self._rows("main", tokens, st.kv_len, last, logits_t, picks_t)

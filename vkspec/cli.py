@@ -57,6 +57,26 @@ def _run(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from . import bench
+    from .model import load_model
+    if not args.verify_cost:
+        print("vkspec: bench needs --verify-cost (the speculative benchmark comes with issue 7)",
+              file=sys.stderr)
+        return 2
+    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
+    out = bench.run(model, reps=args.reps)
+    out["dtype"] = args.dtype
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{args.backend} {args.dtype}: decode {out['decode_tok_s']:.1f} tok/s, "
+              f"host share {out['host_share']:.1%}")
+        print("n          " + " ".join(f"{n:>6}" for n in out["t_ratio"]))
+        print("T(n)/T(1)  " + " ".join(f"{v:6.2f}" for v in out["t_ratio"].values()))
+    return 0
+
+
 def _make_tiny(args) -> int:
     from .tiny import make_tiny
     out = make_tiny(Path(args.dir), seed=args.seed, mtp=args.mtp, experts=args.experts,
@@ -98,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-eos", action="store_true")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("bench", help="verify-block cost T(n)/T(1), host share, decode tok/s")
+    p.add_argument("model")
+    p.add_argument("--verify-cost", action="store_true")
+    p.add_argument("--backend", choices=["cpu", "vulkan"], default="vulkan")
+    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
+    p.add_argument("--device-gb", type=float, default=None)
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--json", action="store_true")
+
     args = ap.parse_args(argv)
     from .device import DeviceError
     from .errors import VkspecError
@@ -109,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             return _make_tiny(args)
         if args.cmd == "run":
             return _run(args)
+        if args.cmd == "bench":
+            return _bench(args)
     except (VkspecError, DeviceError) as e:   # one clear line, no traceback
         print(f"vkspec: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,77 @@
+"""`vkspec bench MODEL --verify-cost`: what a verify block costs against a
+decode step, and how much of a decode step is Python on the host.
+
+Terms:
+* T(n): the wall time of one forward of n rows with copy slots (a verify
+  block of n-1 drafts), at a fixed context length, median of ``reps``;
+  ``t_ratio[n] = T(n) / T(1)``. Sizes are interleaved (1..8, 1..8, ...) so
+  drift on a noisy machine hits them alike.
+* host share: the part of a decode step's forward spent in Python on the
+  host, i.e. outside the one replay of the recorded sequence (the NumPy
+  backend runs everything on the host, so its share is 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from .generate import generate
+
+
+def verify_cost(model, prompt_len: int = 140, reps: int = 9, max_rows: int = 8) -> dict:
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(1, model.cfg.vocab_size, prompt_len)]
+    st = model.new_state()
+    for i in range(0, prompt_len, model.max_rows):
+        model.forward(prompt[i:i + model.max_rows], st)
+    sizes = range(1, min(max_rows, model.max_rows) + 1)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(reps + 1):                  # the first round records the sequences
+        for n in sizes:
+            block = [int(t) for t in rng.integers(1, model.cfg.vocab_size, n)]
+            t0 = time.perf_counter()
+            model.forward(block, st, copies=True)
+            dt = time.perf_counter() - t0
+            model.rewind(st, 1)                  # one row stands: the context grows slowly
+            if rep:
+                times[n].append(dt)
+    t = {n: statistics.median(v) for n, v in times.items()}
+    return {"t_ms": {str(n): t[n] * 1e3 for n in sizes},
+            "t_ratio": {str(n): t[n] / t[1] for n in sizes},
+            "context": prompt_len, "reps": reps}
+
+
+def host_share(model, steps: int = 32) -> float:
+    """A decode step is the forward of one row and the pick of the next token."""
+    if getattr(model, "backend", "cpu") == "cpu":
+        return 1.0
+    from .sampling import Sampler
+    sampler = Sampler()
+    st = model.new_state()
+    model.forward([1, 2, 3], st)
+    _, logits = model.forward([4], st)            # records the decode sequence
+    model.timing = {"eval": 0.0}
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        _, logits = model.forward([sampler.pick(logits[-1])], st)
+    total = time.perf_counter() - t0
+    dev = model.timing.pop("eval")
+    model.timing = None
+    return (total - dev) / total
+
+
+def decode_tok_s(model, n: int = 48) -> float:
+    prompt = list(range(1, 17))
+    generate(model, prompt, 4)                     # records the shapes
+    return generate(model, prompt, n).decode_tok_s
+
+
+def run(model, reps: int = 9) -> dict:
+    out = verify_cost(model, reps=reps)
+    out["host_share"] = host_share(model)
+    out["decode_tok_s"] = decode_tok_s(model)
+    out["backend"] = getattr(model, "backend", "cpu")
+    return out
