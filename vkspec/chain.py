@@ -12,10 +12,13 @@ Terms:
 * **watermark**: ``kv_len``, the rows of the device KV cache that are valid.
   Rewinding lowers it; the next forward overwrites the stale tail.
 * **region**: the recurrent state (conv ring, DeltaNet state) of every layer
-  is a buffer of R regions. One is live; during a block with copies the state
-  after row r is written to another region, the **copy slot** of row r.
-  Restoring slot r makes it the live region (a swap of roles, nothing moves).
-  Regions beyond the first are allocated on first use.
+  is a buffer of R >= 2 regions. A block reads the live region and never
+  writes it: the state after its last row goes to another region, which
+  becomes live, so the state before the block stays restorable until the next
+  forward. With copies, the state after row r is also written to a region of
+  its own, the **copy slot** of row r. Rewinding makes a slot (or the region
+  that was live before the block) live again: a swap of roles, nothing moves.
+  Regions beyond two are allocated on first use.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class DeviceState:
         self.kv_len = 0
         self.mtp_len = 0
         self.live = 0
-        self.block: tuple[int, list[int]] | None = None   # last block: rows, slot regions
+        # the last block: (kv_len before, rows, region live before, region per row or None)
+        self.block: tuple[int, int, int, list] | None = None
 
 
 class VulkanModel:
@@ -133,8 +137,8 @@ class VulkanModel:
                 n_attn += 1
                 items += [(f"kv:layer{i}.{t}", ctx * d["nkv"] * d["hd"] * 4) for t in "kv"]
             else:
-                items += [(f"state:layer{i}.conv", (d["K"] - 1) * d["cd"] * 4),
-                          (f"state:layer{i}.ssm", d["nv"] * d["dk"] * d["dv"] * 4)]
+                items += [(f"state:layer{i}.conv", 2 * (d["K"] - 1) * d["cd"] * 4),
+                          (f"state:layer{i}.ssm", 2 * d["nv"] * d["dk"] * d["dv"] * 4)]
         items += [("rope:cos", ctx * max(c.rotary_dim, 1) * 4), ("rope:sin", ctx * max(c.rotary_dim, 1) * 4)]
         for name, words in self._scratch_sizes().items():
             items.append((f"scratch:{name}", words * 4))
@@ -184,10 +188,10 @@ class VulkanModel:
                 L["conv_w"] = up.array(m.conv)
                 L["par"] = up.array(np.concatenate([m.dt_bias, m.neg_exp_a]).astype(np.float32))
                 L["norm"] = up.array(m.norm)
-                L["ring"] = up.zeros((d["K"] - 1) * d["cd"])
-                L["ssm"] = up.zeros(d["nv"] * d["dk"] * d["dv"])
+                L["ring"] = up.zeros(2 * (d["K"] - 1) * d["cd"])
+                L["ssm"] = up.zeros(2 * d["nv"] * d["dk"] * d["dv"])
             self.layers.append(L)
-        self.regions = 1
+        self.regions = 2
         if self.w.mtp:
             m = self.w.mtp
             self.t_fc = up.weight(m.fc)
@@ -429,20 +433,24 @@ class VulkanModel:
         if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
             raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
 
-    def forward(self, tokens, st: DeviceState, logits_rows: str = "all", copies: bool = False):
+    def forward(self, tokens, st: DeviceState, logits_rows: str = "all", copies: int | bool = 0):
         """Feed n <= MAX_ROWS tokens at positions kv_len..; see Model.forward.
-        With copies, the recurrent state after each row but the last is kept
-        in a copy slot, for :meth:`rewind`."""
+        ``copies`` rows (True: all but the last) keep the recurrent state after
+        them in a copy slot, for :meth:`rewind`."""
         self._check(st)
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         self._validate(tokens, st.kv_len)
-        if copies and n > 1 and self.regions < n:
-            self._grow(n)
-        slots = [r for r in range(self.regions) if r != st.live][:n - 1] if copies else []
+        copies = min(n - 1, n - 1 if copies is True else int(copies))
+        if self.regions < copies + 2:
+            self._grow(copies + 2)
+        free = [r for r in range(self.regions) if r != st.live]
+        regions = free[:copies] + [None] * (n - 1 - copies) + [free[copies]]
+        slots = [NO_SLOT if r is None else r for r in regions]
         self._write_step(self.step, st.kv_len, st.live, tokens, range(st.kv_len, st.kv_len + n), slots)
         last = logits_rows != "all" and n > 1
         seq, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
+        st.block = (st.kv_len, n, st.live, regions)
         if self.timing is None:
             seq.eval()
         else:                                    # vkspec.bench: device time vs host time
@@ -450,24 +458,22 @@ class VulkanModel:
             seq.eval()
             self.timing["eval"] += time.perf_counter() - t0
         st.kv_len += n
-        st.block = (n, slots)
+        st.live = regions[-1]
         return self._rows("main", tokens, st.kv_len, last, logits_t, picks_t)
 
     def rewind(self, st: DeviceState, keep: int):
-        """Keep rows 0..keep-1 of the last block: the watermark comes down and,
-        if rows were dropped, the copy slot of row keep-1 becomes live."""
+        """Keep rows 0..keep-1 of the last block (0: none, the state before
+        it): the watermark comes down and the region of row keep-1 becomes live."""
         self._check(st)
         if st.block is None:
             raise VkspecError("rewind needs a block forwarded just before")
-        n, slots = st.block
-        if not 1 <= keep <= n:
-            raise VkspecError(f"rewind keeps 1..{n} rows, got {keep}")
-        if keep < n:
-            if len(slots) < keep:
-                raise VkspecError("rewind into a block forwarded without copies")
-            st.live = slots[keep - 1]
-            st.kv_len -= n - keep
-        st.block = None
+        kv0, n, before, regions = st.block
+        if not 0 <= keep <= n:
+            raise VkspecError(f"rewind keeps 0..{n} rows, got {keep}")
+        live = before if keep == 0 else regions[keep - 1]
+        if live is None:
+            raise VkspecError(f"row {keep - 1} of the last block has no copy slot")
+        st.live, st.kv_len = live, kv0 + keep
 
     def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions):
         """The MTP head on the device; see Model.mtp_forward."""
@@ -488,8 +494,8 @@ class VulkanModel:
     # --- copy slots ---------------------------------------------------------------
     def _grow(self, regions: int):
         """Give every recurrent state buffer `regions` regions, the live one
-        moved to region 0. A failed allocation releases what it made and
-        leaves the live state as it was."""
+        moved to region 0 (the last block can no longer be rewound). A failed
+        allocation releases what it made and leaves the live state as it was."""
         st = self._state
         made = []
         try:
@@ -500,7 +506,7 @@ class VulkanModel:
         except Exception as e:
             for _, _, t in made:
                 t.destroy()
-            raise VkspecError(f"could not allocate {regions - 1} recurrent copy slots: {e}") from None
+            raise VkspecError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
         seq = self.dev.sequence()
         keep = []
         for L, name, t in made:
@@ -515,7 +521,7 @@ class VulkanModel:
             L[name].destroy()
             L[name] = t
         self._algos = {k: a for k, a in self._algos.items() if not old & set(k[1])}
-        self.regions, st.live = regions, 0
+        self.regions, st.live, st.block = regions, 0, None
 
     def read_state(self, st: DeviceState) -> State:
         """The live state as host arrays (KV rows up to the watermark) - for tests."""

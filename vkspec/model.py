@@ -259,14 +259,14 @@ class Model:
             st.mtp_v = np.zeros_like(st.mtp_k)
         return st
 
-    def forward(self, tokens, st: State, logits_rows: str = "all", copies: bool = False):
+    def forward(self, tokens, st: State, logits_rows: str = "all", copies: int | bool = 0):
         """Feed n tokens at positions kv_len..kv_len+n-1.
 
         Returns (hidden, logits): hidden (n, H) is the last layer's output
         before the final norm (what the MTP head reads); logits (n, V) for
         every row, or (1, V) for the last row with logits_rows="last".
-        With copies, the recurrent state after each row but the last is kept
-        for :meth:`rewind`.
+        ``copies`` rows (True: all but the last) keep the recurrent state after
+        them for :meth:`rewind`; the state before the block is always kept.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
@@ -276,7 +276,9 @@ class Model:
             raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
         pos = st.kv_len + np.arange(n)
         x = ops.embed(self.w.embed, tokens)
-        kept = [([], []) for _ in range(n - 1)] if copies else None
+        copies = min(n - 1, n - 1 if copies is True else int(copies))
+        kept = [([], []) for _ in range(copies)]
+        st.extra["block"] = (st.kv_len, n, st.recurrent_copy(), kept)
         ai = di = 0
         for lw in self.w.layers:
             if lw.kind == "full_attention":
@@ -286,7 +288,6 @@ class Model:
                 x = self.layer(lw, x, pos, st.conv[di], st.ssm[di], kept)
                 di += 1
         st.kv_len += n
-        st.extra["block"] = (n, kept)
         rows = x if logits_rows == "all" else x[-1:]
         logits = ops.gemv(self.w.lm_head, ops.rmsnorm(rows, self.w.norm, self.cfg.rms_norm_eps))
         return x, logits
@@ -344,7 +345,7 @@ class Model:
             v = mixed[2 * nk * dk:].reshape(nv, dv)
             out[i] = ops.deltanet_step(ssm, q, k, v, ba[i, :nv], ba[i, nv:], w.dt_bias, w.neg_exp_a,
                                        f32(dk ** -0.5))
-            if kept is not None and i < n - 1:
+            if i < len(kept):
                 kept[i][0].append(ring.copy())
                 kept[i][1].append(ssm.copy())
         z = qkvz[:, cd:].reshape(n, nv, dv)
@@ -368,18 +369,18 @@ class Model:
         return out
 
     def rewind(self, st: State, keep: int):
-        """Keep rows 0..keep-1 of the last block: kv_len comes down and the
-        recurrent state after row keep-1 comes back."""
-        n, kept = st.extra.pop("block", (None, None))
-        if n is None:
+        """Keep rows 0..keep-1 of the last block (0: none, the state before it):
+        kv_len comes down and the recurrent state after row keep-1 comes back."""
+        if "block" not in st.extra:
             raise VkspecError("rewind needs a block forwarded just before")
-        if not 1 <= keep <= n:
-            raise VkspecError(f"rewind keeps 1..{n} rows, got {keep}")
+        kv0, n, before, kept = st.extra["block"]
+        if not 0 <= keep <= n:
+            raise VkspecError(f"rewind keeps 0..{n} rows, got {keep}")
         if keep < n:
-            if kept is None:
-                raise VkspecError("rewind into a block forwarded without copies")
-            st.set_recurrent(kept[keep - 1])
-            st.kv_len -= n - keep
+            if keep and keep > len(kept):
+                raise VkspecError(f"row {keep - 1} of the last block has no copy slot")
+            st.set_recurrent(kept[keep - 1] if keep else before)
+        st.kv_len = kv0 + keep
 
     # --- the MTP head -------------------------------------------------------
     def mtp_forward(self, hidden, next_tokens, st: State, positions):

@@ -2,9 +2,10 @@
 // The DeltaNet's causal depthwise conv over rows 0..rows-1 of a block, then
 // silu; one invocation per channel walks the rows in order. Twin of
 // backends/cpu.conv_step (taps summed in order 0..K-1, from +0).
-// The ring (K-1 rows, oldest first) lives in region step.live of the state
-// buffer; after row r it is also written to region step.slot[r] (a copy
-// slot, for rollback), and after the last row back to the live region.
+// The ring (K-1 rows, oldest first) is read from region step.live of the
+// state buffer and, after row r, written to region step.slot[r] when it has
+// one (a copy slot, for rollback). The last row's region becomes live; the
+// live one is never written, so the state before the block stays restorable.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 #include "step.glsl"
@@ -37,7 +38,7 @@ void main() {
         for (uint t = 0u; t < p.k; t++) acc = acc + w[c * p.k + t] * win[t];
         y[r * p.y_stride + c] = x_silu(acc);
         for (uint t = 0u; t + 1u < p.k; t++) win[t] = win[t + 1u];
-        uint sl = r + 1u < p.rows ? step.slot[r] : step.live;
+        uint sl = step.slot[r];
         if (sl != NO_SLOT) {
             for (uint t = 0u; t + 1u < p.k; t++) ring[sl * region + t * p.channels + c] = win[t];
         }

@@ -7,8 +7,9 @@
 //         per value head.
 //   SCAN  one invocation per (value head h, column j) of the state S (dk x dv)
 //         walks the rows: S *= decay; delta = (v_j - S[:,j].k) * beta;
-//         S[:,j] += k * delta; o_j = S[:,j].q. The column lives in region
-//         step.live, and after row r is also written to region step.slot[r].
+//         S[:,j] += k * delta; o_j = S[:,j].q. The column is read from region
+//         step.live and written after row r to region step.slot[r] when it
+//         has one (the last row always has: the live region is never written).
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 #include "step.glsl"
@@ -114,7 +115,7 @@ void main() {
         precise float out_;
         X_REDUCE_ROW(out_, x_padded(p.dk), kc4);
         o[r * p.o_stride + h * p.dv + j] = out_;
-        uint sl = r + 1u < p.rows ? step.slot[r] : step.live;
+        uint sl = step.slot[r];
         if (sl != NO_SLOT) {
             for (uint t = 0u; t < p.dk; t++) state[sl * region + sb + t * p.dv] = col[t];
         }

@@ -16,7 +16,7 @@
         uint live;             /* live region of the recurrent state */     \
         uint nrows;                                                          \
         uint pad_;                                                           \
-        uint slot[MAX_ROWS];   /* region for the state after row r */       \
+        uint slot[MAX_ROWS];   /* region for the state after row r, or NO_SLOT */       \
         uint tok[MAX_ROWS];                                                  \
         uint pos[MAX_ROWS];    /* position of row r (its KV row) */         \
     } step;
