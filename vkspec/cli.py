@@ -7,51 +7,61 @@ import json
 import sys
 from pathlib import Path
 
-UNSUPPORTED_SPEC = ("draft-model", "dflash", "dspark")
+from .spec.config import UNSUPPORTED as UNSUPPORTED_SPEC
 
 
 def _run(args) -> int:
-    from .generate import generate
     from .model import load_model
     from .sampling import Sampler
+    from .spec import SpecConfig, generate_spec
+    from .spec.sources import build, save_vocab
     from .tokenizer import load_tokenizer
-    if args.spec in UNSUPPORTED_SPEC:
-        print(f"vkspec: --spec {args.spec} is not available: no compatible draft artifact or "
-              "graph exists for it (vkspec never substitutes another algorithm)", file=sys.stderr)
-        return 2
-    if args.spec != "off":
-        print(f"vkspec: --spec {args.spec} is not implemented yet (issue 5)", file=sys.stderr)
-        return 2
-    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
-    tok = None
+    cfg = SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
+                          spec_mtp_recurrent_snapshots=args.snapshots,
+                          spec_mtp_fr_vocab_size=args.mtp_vocab,
+                          spec_gate=False if args.no_gate else None,
+                          spec_gate_pstep=True if args.pstep else None)
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            print(f"vkspec: --prompt-ids must be comma-separated integers", file=sys.stderr)
+            print("vkspec: --prompt-ids must be comma-separated integers", file=sys.stderr)
             return 2
     else:
-        tok = load_tokenizer(args.model)
-        prompt = tok.encode(args.prompt or "")
+        prompt = load_tokenizer(args.model).encode(args.prompt or "")
     if not prompt:
         print("vkspec: empty prompt", file=sys.stderr)
         return 2
+    want_mtp = True if cfg.spec_mode == "mtp" else None
+    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
+                       mtp=want_mtp if cfg.spec_mode in ("mtp", "auto") else False)
+    sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    res = generate(model, prompt, args.n, sampler, stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
-    if tok is None:
-        try:
-            tok = load_tokenizer(args.model)
-        except Exception:
-            tok = None
+    try:
+        res = generate_spec(model, prompt, args.n, sampler, sources, gate,
+                            snapshots=cfg.spec_mtp_recurrent_snapshots,
+                            stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
+    finally:
+        save_vocab(sources)
+    try:
+        tok = load_tokenizer(args.model)
+    except Exception:
+        tok = None
     text = tok.decode(res.tokens) if tok else ""
-    print(f"[vkspec] run: {len(res.tokens)} tokens, {res.forwards} forwards, "
-          f"1.00 tokens/forward | prefill {res.prefill_s:.3f} s | decode {res.decode_tok_s:.1f} tok/s",
-          file=sys.stderr)
+    c = res.counters
+    print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | prefill {res.prefill_s:.3f} s | "
+          f"decode {res.decode_tok_s:.1f} tok/s", file=sys.stderr)
+    stats = c.as_dict(gate, sources)
+    if gate is not None:
+        print(f"[vkspec spec gate] {'on' if gate.enabled else 'off'}, {gate.declined} declined, "
+              f"{gate.probes} probes, {gate.forced_plain} forced plain | {gate.summary()}", file=sys.stderr)
     if args.json:
         print(json.dumps({"tokens": res.tokens, "text": text, "digest": res.digest,
                           "forwards": res.forwards, "drafted": res.drafted, "accepted": res.accepted,
                           "decode_tok_s": res.decode_tok_s, "prefill_s": res.prefill_s,
-                          "prompt_tokens": len(prompt), "backend": args.backend, "dtype": args.dtype}))
+                          "tokens_per_forward": len(res.tokens) / max(res.forwards, 1),
+                          "prompt_tokens": len(prompt), "backend": args.backend, "dtype": args.dtype,
+                          "spec_mode": cfg.spec_mode, "counters": stats}))
     else:
         print(text if tok else " ".join(map(str, res.tokens)))
     return 0
@@ -110,7 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
     p.add_argument("--device-gb", type=float, default=None,
                    help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
-    p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default="off")
+    p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None,
+                   help="draft source (spec_mode; default off)")
+    p.add_argument("--drafts", type=int, default=None, help="spec_draft_max K (1..7, default 7)")
+    p.add_argument("--snapshots", type=int, default=None,
+                   help="spec_mtp_recurrent_snapshots S (0..7, default 7)")
+    p.add_argument("--mtp-vocab", type=int, default=None,
+                   help="spec_mtp_fr_vocab_size: most-used ids the MTP head scores (0: all; 16000)")
+    p.add_argument("--no-gate", action="store_true", help="draft every proposal in full (tests)")
+    p.add_argument("--pstep", action="store_true", help="per-step confidence for the MTP head's drafts")
+    p.add_argument("--config", default=None, help="a TOML file with spec_* keys (flags override it)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)

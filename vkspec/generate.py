@@ -1,11 +1,9 @@
-"""The decode loop: prefill in blocks, then one forward per emitted token.
-
-(Speculative decoding wraps the same loop: see vkspec.spec.)"""
+"""Plain decoding and the result every run returns. The loop itself is
+vkspec.spec.decode's, with no draft source: one forward per emitted token."""
 
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +20,7 @@ class Result:
     decode_s: float = 0.0
     drafted: int = 0
     accepted: int = 0
-    counters: dict = field(default_factory=dict)
+    counters: object = None            # vkspec.spec.counters.Counters for speculative runs
 
     @property
     def digest(self) -> str:
@@ -35,34 +33,11 @@ class Result:
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def prefill(model, state, prompt: list[int], block: int | None = None):
-    """Feed the prompt in blocks of the backend's largest block (a row's bits
-    do not depend on its block)."""
-    block = block or model.max_rows
-    hidden = logits = None
-    for i in range(0, len(prompt), block):
-        hidden, logits = model.forward(prompt[i:i + block], state, logits_rows="last")
-    return hidden, logits
-
-
 def generate(model, prompt: list[int], n: int, sampler: Sampler | None = None,
              stop: set[int] | None = None, block: int | None = None) -> Result:
-    """Plain decoding: n tokens after the prompt (fewer if a stop token comes)."""
+    """Plain decoding: n tokens after the prompt (fewer if a stop token comes).
+    It is the speculative loop with no draft source."""
+    from .spec.decode import generate_spec
     if not prompt:
         raise ValueError("empty prompt")
-    sampler = sampler or Sampler()
-    st = model.new_state()
-    t0 = time.perf_counter()
-    _, logits = prefill(model, st, prompt, block)
-    t1 = time.perf_counter()
-    out, forwards = [], 0
-    last = logits[-1]
-    while len(out) < n:
-        tok = sampler.pick(last)
-        out.append(tok)
-        if stop and tok in stop or len(out) == n:
-            break
-        _, logits = model.forward([tok], st)
-        forwards += 1
-        last = logits[-1]
-    return Result(out, last, forwards, t1 - t0, time.perf_counter() - t1)
+    return generate_spec(model, list(prompt), n, sampler or Sampler(), stop=stop, block=block)

@@ -1,0 +1,146 @@
+"""The speculative transaction and the decode loop around it.
+
+A round starts from a committed state and the last pick (emitted, not yet
+fed). It asks the gate how many drafts pay and a draft source for at most
+that many, runs one verify over the pick and its drafts, settles the drafts
+one at a time from the exact logits, commits the rows that stood, undoes the
+rest, and returns the round's one correction or bonus pick. Plain decoding is
+the same loop with zero drafts. If anything fails or is cancelled mid-round,
+the state of the last commit comes back: model rows, sampler, draft sources,
+output.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..generate import Result
+from .counters import Counters
+
+
+class Cancelled(Exception):
+    pass
+
+
+def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7, stop=None,
+                  cancel=None, block=None, state=None) -> Result:
+    """n tokens after the prompt (fewer if a stop token comes). The prompt is
+    fed in blocks of ``block`` rows (the backend's largest by default: a row's
+    bits do not depend on its block). ``cancel(tokens_so_far)`` returning true
+    cancels mid-round (the state of the last commit comes back; the exception
+    carries the committed tokens). ``state``: a fresh model state to use."""
+    if not prompt:
+        raise ValueError("empty prompt")
+    block = block or model.max_rows
+    st, out, counters = state or model.new_state(), [], Counters()
+    history = list(prompt)
+    t0 = time.perf_counter()
+    for src in sources:
+        src.begin(model, st, prompt)
+    for i in range(0, len(prompt), block):
+        rows = prompt[i:i + block]
+        hidden, logits = model.forward(rows, st, logits_rows="last")
+        for src in sources:
+            src.observe(rows, hidden, i)
+    t1 = time.perf_counter()
+    state = dict(cap=gate.k_max if gate else 0, fed=False)
+
+    def emit(tok):
+        out.append(tok)
+        for src in sources:
+            if hasattr(src, "picked"):
+                src.picked(tok)
+
+    def done(tok):
+        return len(out) >= n or (stop is not None and tok in stop)
+
+    def round_(pick):
+        """Feed `pick` and its drafts; emit the accepted drafts and one more pick."""
+        pos = st.kv_len
+        prop = propose(pick, pos, min(state["cap"], n - len(out) - 1))
+        drafts = prop.tokens if prop else []
+        rows = [pick] + drafts
+        slots = min(len(drafts), snapshots)
+        t = time.perf_counter()
+        state["fed"] = True
+        hidden, logits = model.forward(rows, st, copies=slots)
+        if gate:
+            gate.record_forward(len(rows), time.perf_counter() - t)
+        counters.forward(len(drafts), prop.source if prop else None)
+        i = 0
+        while True:
+            if cancel is not None and cancel(len(out)):
+                raise Cancelled(f"cancelled after {len(out)} tokens")
+            tok = sampler.pick(logits[i])
+            emit(tok)
+            if i < len(drafts) and tok == drafts[i] and not done(tok):
+                i += 1
+                continue
+            break
+        keep = i + 1
+        if keep < len(rows) and keep - 1 >= slots:       # no copy slot for that row: replay
+            model.rewind(st, 0)
+            model.forward(rows[:keep], st)
+            counters.replay()
+            state["cap"] = min(state["cap"], snapshots)     # the guard: one replay, then clamp to S
+        else:
+            model.rewind(st, keep)
+        for src in sources:
+            src.observe(rows[:keep], hidden, pos)
+        history.extend(rows[:keep])
+        if prop:
+            counters.settled(prop.source, len(drafts), i)
+            if gate:
+                gate.record_verify(prop.source, len(drafts), i, prop.probs)
+        return tok, logits[i]
+
+    def propose(pick, pos, k_max):
+        best, best_v = None, float("-inf")
+        for src in sources:
+            k = gate.plan(src.name, k_max) if gate else k_max
+            if k <= 0:
+                continue
+            pstep = gate is not None and gate.enabled and gate.pstep
+            prop = src.propose(history, pick, pos, k, gate if pstep else None)
+            if not prop or not prop.tokens:
+                continue
+            if gate:
+                gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds)
+                if prop.probs is not None and pstep:
+                    prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
+                    prop.probs = prop.probs[:len(prop.tokens)]
+                if not prop.tokens:
+                    continue
+                v = gate.value(src.name, len(prop.tokens))
+            else:
+                v = float(len(prop.tokens))
+            if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
+                best, best_v = prop, v
+        return best
+
+    def restore(commit):
+        n_out, n_hist, sampler_state, source_states, saved_state, saved_counters = commit
+        if state["fed"]:
+            model.rewind(st, 0)              # the state before this round's first forward
+        del out[n_out:]
+        del history[n_hist:]
+        sampler.set_state(sampler_state)
+        for src, ck in zip(sources, source_states):
+            src.restore(ck)
+        state.update(saved_state)
+        counters.__dict__.update(saved_counters.__dict__)
+
+    tok, last = sampler.pick(logits[-1]), logits[-1]
+    emit(tok)
+    while not done(tok):
+        state["fed"] = False
+        commit = (len(out), len(history), sampler.state(), [s.checkpoint() for s in sources],
+                  dict(state), counters.copy())
+        try:
+            tok, last = round_(tok)
+        except BaseException as e:
+            restore(commit)
+            e.tokens = list(out)
+            raise
+    return Result(out, last, counters.forwards, t1 - t0, time.perf_counter() - t1,
+                  counters.drafted, counters.accepted, counters)

@@ -1,0 +1,204 @@
+"""The gate: how many drafts a verify carries, per draft source.
+
+Terms:
+* a_j: the running probability that draft j is accepted when the drafts
+  before it were. It starts at the source's prior (MTP 0.8, 0.6, 0.5, then
+  0.5; lookup 0.5), worth PRIOR_WEIGHT pseudo-verifies, and remembers about
+  MEMORY verifies (older evidence is scaled down).
+* T(n): the measured seconds of an n-row forward (a running average). An
+  unmeasured row count costs T(1) (1 + (n-1) rho), rho fitted from the
+  multi-row forwards measured once T(1) is (0.5 until then).
+* d: the measured seconds a source spends per draft past its first.
+* E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, the tokens a verify of k drafts
+  yields; cost(k) = (T(k+1) + (k-1) d) / T(1), in plain steps;
+  value(k) = E(k) / cost(k). The gate drafts the best k only when value > 1.
+* probe: every PROBE_EVERY picks it tries one draft deeper than its best, so
+  an estimate it stopped feeding can recover.
+* forced plain step: after FORCE_PLAIN_AFTER forwards without a plain step it
+  takes one, so T(1) stays measured.
+* confidence bins: with per-draft probabilities p_j from the source (the MTP
+  head's own), a_j becomes the acceptance measured for drafts in p_j's bin (ten
+  bins, each starting at its own centre, worth PRIOR_WEIGHT verifies).
+  ``pick_p`` prices only the verify (the drafts are written); ``deeper_p``
+  lets the head write draft n+1 only when no shorter verify is worth more and
+  n+1 drafts, the new one as likely as the best bin, beat a plain step and n.
+* disabled: every proposal is drafted in full (tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,)}
+PRIOR_WEIGHT = 2.0
+MEMORY = 16.0
+PROBE_EVERY = 16
+FORCE_PLAIN_AFTER = 64
+BINS = 10
+
+
+@dataclass
+class Rate:
+    """A running acceptance: hits / trials, with the prior as pseudo-trials."""
+    hits: float
+    trials: float = PRIOR_WEIGHT
+
+    @classmethod
+    def prior(cls, p: float) -> "Rate":
+        return cls(p * PRIOR_WEIGHT)
+
+    @property
+    def p(self) -> float:
+        return self.hits / self.trials
+
+    def add(self, accepted: bool):
+        self.hits += float(accepted)
+        self.trials += 1.0
+        if self.trials > MEMORY:
+            f = MEMORY / self.trials
+            self.hits, self.trials = self.hits * f, self.trials * f
+
+
+@dataclass
+class SourceStats:
+    name: str
+    rates: list[Rate] = field(default_factory=list)
+    bins: list[Rate] = field(default_factory=lambda: [Rate.prior((b + 0.5) / BINS) for b in range(BINS)])
+    d: float | None = None                    # seconds per draft past the first
+
+    def a(self, j: int) -> float:
+        """P(draft j accepted | drafts 1..j-1 were), j from 1."""
+        pri = PRIORS.get(self.name, (0.5,))
+        while len(self.rates) < j:
+            self.rates.append(Rate.prior(pri[min(len(self.rates), len(pri) - 1)]))
+        return self.rates[j - 1].p
+
+
+def _bin(p: float) -> int:
+    return min(BINS - 1, max(0, int(p * BINS)))
+
+
+class Gate:
+    def __init__(self, k_max: int, enabled: bool = True, pstep: bool = False):
+        self.k_max, self.enabled, self.pstep = k_max, enabled, pstep
+        self.stats: dict[str, SourceStats] = {}
+        self.t: dict[int, float] = {}          # n -> running seconds of an n-row forward
+        self.picks = 0
+        self.since_plain = 0
+        self.declined = self.probes = self.forced_plain = 0
+
+    def source(self, name: str) -> SourceStats:
+        if name not in self.stats:
+            self.stats[name] = SourceStats(name)
+        return self.stats[name]
+
+    # --- measurements ------------------------------------------------------------
+    def record_forward(self, rows: int, seconds: float):
+        old = self.t.get(rows)
+        self.t[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self.since_plain = 0 if rows == 1 else self.since_plain + 1
+
+    def record_verify(self, name: str, drafted: int, accepted: int, probs=None):
+        s = self.source(name)
+        for j in range(1, min(drafted, accepted + 1) + 1):   # draft j was judged
+            s.a(j)
+            s.rates[j - 1].add(j <= accepted)
+            if probs is not None:
+                s.bins[_bin(probs[j - 1])].add(j <= accepted)
+
+    def record_draft_time(self, name: str, extra_drafts: int, seconds: float):
+        if extra_drafts > 0:
+            s, per = self.source(name), seconds / extra_drafts
+            s.d = per if s.d is None else 0.8 * s.d + 0.2 * per
+
+    # --- the model -----------------------------------------------------------------
+    @property
+    def rho(self) -> float:
+        t1 = self.t.get(1)
+        fits = [(self.t[n] / t1 - 1.0) / (n - 1) for n in self.t if n > 1] if t1 else []
+        return max(0.0, sum(fits) / len(fits)) if fits else 0.5
+
+    def cost_rows(self, n: int) -> float:
+        """T(n) / T(1)."""
+        t1 = self.t.get(1)
+        if t1 and n in self.t:
+            return self.t[n] / t1
+        return 1.0 + (n - 1) * self.rho
+
+    def expected(self, rates: list[float]) -> float:
+        e, run = 1.0, 1.0
+        for a in rates:
+            run *= a
+            e += run
+        return e
+
+    def value(self, name: str, k: int) -> float:
+        if k == 0:
+            return 1.0
+        s = self.source(name)
+        d = (s.d or 0.0) / self.t[1] if self.t.get(1) else 0.0
+        cost = self.cost_rows(k + 1) + (k - 1) * d
+        return self.expected([s.a(j) for j in range(1, k + 1)]) / cost
+
+    def best(self, name: str, k_max: int) -> tuple[int, float]:
+        best_k, best_v = 0, 1.0
+        for k in range(1, k_max + 1):
+            v = self.value(name, k)
+            if v > best_v:
+                best_k, best_v = k, v
+        return best_k, best_v
+
+    # --- decisions ----------------------------------------------------------------
+    def plan(self, name: str, k_max: int | None = None) -> int:
+        """Drafts to ask the source for (0: a plain step)."""
+        k_max = min(self.k_max, k_max if k_max is not None else self.k_max)
+        if not self.enabled:
+            return k_max
+        if self.since_plain >= FORCE_PLAIN_AFTER:
+            self.forced_plain += 1
+            return 0
+        self.picks += 1
+        k, _ = self.best(name, k_max)
+        if self.picks % PROBE_EVERY == 0 and k < k_max:
+            self.probes += 1
+            return k + 1
+        if k == 0:
+            self.declined += 1
+        return k
+
+    def pick_p(self, name: str, probs: list[float]) -> int:
+        """How many of these written drafts to verify, from their probabilities."""
+        if not self.enabled or not probs:
+            return len(probs)
+        s = self.source(name)
+        best_k, best_v, run, e = 0, 1.0, 1.0, 1.0
+        for k, p in enumerate(probs, 1):
+            run *= s.bins[_bin(p)].p
+            e += run
+            v = e / self.cost_rows(k + 1)
+            if v > best_v:
+                best_k, best_v = k, v
+        return best_k
+
+    def deeper_p(self, name: str, n: int, probs: list[float]) -> bool:
+        """Write draft n+1? Only if no shorter verify beats n drafts and n+1
+        drafts (the new one as likely as the best bin) beat a plain step and n."""
+        if not self.enabled:
+            return True
+        if n >= self.k_max:
+            return False
+        s = self.source(name)
+        rates = [s.bins[_bin(p)].p for p in probs]
+        v = [1.0] + [self.expected(rates[:k]) / self.cost_rows(k + 1) for k in range(1, n + 1)]
+        if max(v[:-1]) > v[n]:
+            return False
+        top = max(b.p for b in s.bins)
+        v_next = self.expected(rates + [top]) / self.cost_rows(n + 2)
+        return v_next > 1.0 and v_next > v[n]
+
+    def summary(self) -> str:
+        t1 = self.t.get(1)
+        costs = " ".join(f"{n}:{self.cost_rows(n):.2f}" for n in sorted(self.t))
+        acc = "; ".join(f"{n} " + " ".join(f"{r.p:.2f}" for r in s.rates) for n, s in self.stats.items())
+        return (f"T(1) {t1 * 1e3:.2f} ms | cost/T(1) {costs} | rho {self.rho:.2f} | acceptance {acc}"
+                if t1 else "T(1) not measured")

@@ -1,0 +1,86 @@
+"""Drafts from the checkpoint's MTP head (depth 1..7).
+
+A **pair** (h, t, p) is the trunk's hidden state at position p-1 and the token
+at position p; the head turns it into its own hidden state and logits for
+position p+1, and writes its KV row p. The first draft reads the trunk's last
+hidden state with the last pick; each deeper draft reads the head's own
+previous hidden state with the draft just proposed. Those deeper rows write
+the head's KV past its settled rows: a tail that the settled pairs overwrite
+when they are **absorbed** (fed to the head, a few rows per call) at the next
+proposal. The head sees every fed position, prompt included.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .lookup import Proposal
+from .vocab import DraftVocab
+
+
+class MtpDrafts:
+    name = "mtp"
+
+    def __init__(self, model, vocab: DraftVocab | None = None):
+        if getattr(model.w, "mtp", None) is None:
+            from ..errors import VkspecError
+            raise VkspecError("--spec mtp needs a checkpoint with an MTP head (mtp.fc.weight)")
+        self.model = model
+        self.vocab = vocab or DraftVocab(model.cfg.vocab_size, 0)
+        self.pending: list[tuple[np.ndarray, int, int]] = []
+        self.h_last: np.ndarray | None = None
+        self.absorbed = -1                      # last position whose head row is settled
+
+    def begin(self, model, state, prompt):
+        self.state = state
+        self.pending, self.h_last, self.absorbed = [], None, -1
+        self.vocab.begin(prompt)
+
+    def observe(self, tokens, hidden, start_pos):
+        """Rows that stood in the trunk: tokens at start_pos.., their hidden states."""
+        for r, t in enumerate(tokens):
+            p = start_pos + r
+            if self.h_last is not None and p > self.absorbed:
+                self.pending.append((self.h_last, int(t), p))
+            self.h_last = np.asarray(hidden[r], np.float32)
+
+    def picked(self, tok: int):
+        self.vocab.picked(tok)
+
+    def checkpoint(self):
+        return (list(self.pending), self.h_last, self.absorbed, self.vocab.checkpoint())
+
+    def restore(self, ck):
+        self.pending, self.h_last, self.absorbed, v = list(ck[0]), ck[1], ck[2], ck[3]
+        self.vocab.restore(v)
+
+    def _head(self, pairs):
+        m, out = self.model, None
+        for i in range(0, len(pairs), m.max_rows):
+            chunk = pairs[i:i + m.max_rows]
+            out = m.mtp_forward(np.stack([h for h, _, _ in chunk]), [t for _, t, _ in chunk],
+                                self.state, [p for _, _, p in chunk])
+        return out[0][-1], out[1][-1]
+
+    def propose(self, history, pick: int, pos: int, k: int, gate=None) -> Proposal | None:
+        """Up to k drafts after ``pick`` (at position ``pos``); ``gate`` may stop
+        writing deeper drafts that could not pay for their verify row."""
+        k = min(k, self.model.ctx - 1 - pos)
+        if k <= 0 or self.h_last is None:
+            return None
+        h, logits = self._head(self.pending + [(self.h_last, pick, pos)])
+        self.pending, self.absorbed = [], pos
+        drafts, probs = [], []
+        t0 = None
+        while True:
+            d, p = self.vocab.best(logits)
+            drafts.append(d)
+            probs.append(p)
+            if len(drafts) == k or (gate is not None and not gate.deeper_p(self.name, len(drafts), probs)):
+                break
+            t0 = t0 or time.perf_counter()
+            h, logits = self._head([(h, d, pos + len(drafts))])
+        seconds = time.perf_counter() - t0 if t0 else 0.0
+        return Proposal(self.name, drafts, probs, seconds)

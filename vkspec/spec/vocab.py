@@ -1,0 +1,145 @@
+"""The MTP head's draft vocabulary: which token ids a draft may be.
+
+The list holds the ``size`` most-used ids (0: the whole vocabulary), every id
+whose count is at least 3/4 of the last of those, and every token of the
+conversation. Each prompt token and each picked token adds 1 to its count;
+all counts halve every 1024 counted tokens. The list is rebuilt when a
+request starts and at each halving; a picked token missing from it joins at
+once. Output never depends on it: a verify checks every draft, so a missing
+id can only turn an accepted draft into a rejected one.
+
+Counts persist in a file beside the model (``vocab_usage.bin``):
+  8 bytes  b"VKSPECVU"   magic
+  4 bytes  version (1), vocabulary size, tokens counted since the last halving
+  4 bytes  x vocab       float32 counts
+  4 bytes  CRC-32 of everything before
+A file that cannot be read as counts, has counts for another vocabulary
+size, or ends on a damaged record is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"VKSPECVU"
+HALVE_EVERY = 1024
+FILE_NAME = "vocab_usage.bin"
+
+
+class VocabFileError(ValueError):
+    pass
+
+
+def read_counts(path: Path, vocab: int) -> tuple[np.ndarray, int]:
+    data = path.read_bytes()
+    head = 8 + 12
+    if len(data) < head + 4 or data[:8] != MAGIC:
+        raise VocabFileError(f"{path}: not a vkspec vocabulary-usage file")
+    version, v, since = struct.unpack("<III", data[8:head])
+    if version != 1:
+        raise VocabFileError(f"{path}: unknown version {version}")
+    if v != vocab:
+        raise VocabFileError(f"{path}: counts for a vocabulary of {v}, the model has {vocab}")
+    if len(data) != head + 4 * v + 4:
+        raise VocabFileError(f"{path}: ends on a damaged record ({len(data)} bytes, want {head + 4 * v + 4})")
+    (crc,) = struct.unpack("<I", data[-4:])
+    if zlib.crc32(data[:-4]) != crc:
+        raise VocabFileError(f"{path}: checksum mismatch (damaged record)")
+    return np.frombuffer(data[head:-4], dtype="<f4").astype(np.float32), since
+
+
+def write_counts(path: Path, counts: np.ndarray, since: int):
+    body = MAGIC + struct.pack("<III", 1, counts.size, since) + counts.astype("<f4").tobytes()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    os.replace(tmp, path)
+
+
+class DraftVocab:
+    def __init__(self, vocab: int, size: int = 16000, path: Path | None = None):
+        self.vocab, self.size, self.path = vocab, size, path
+        self.counts = np.zeros(vocab, np.float32)
+        self.since = 0
+        self.writable = True
+        self.conversation: set[int] = set()
+        self.appended = self.rebuilds = self.picks = self.picks_inside = 0
+        self.sizes: list[int] = []
+        if path is not None and path.exists():
+            try:
+                self.counts, self.since = read_counts(path, vocab)
+            except (OSError, VocabFileError) as e:
+                self.writable = False             # never overwrite what we cannot read
+                print(f"[vkspec vocab] {e}; starting from zero counts, the file is kept", file=sys.stderr)
+        self.ids = np.arange(vocab)
+        self.member = np.ones(vocab, bool)
+
+    @property
+    def whole(self) -> bool:
+        return self.size == 0 or self.size >= self.vocab
+
+    def rebuild(self):
+        self.rebuilds += 1
+        if self.whole:
+            self.ids, self.member = np.arange(self.vocab), np.ones(self.vocab, bool)
+        else:
+            order = np.argsort(-self.counts, kind="stable")
+            last = self.counts[order[self.size - 1]]
+            member = np.zeros(self.vocab, bool)
+            member[order[:self.size]] = True
+            member |= self.counts >= np.float32(0.75) * last
+            member[list(self.conversation)] = True
+            self.member, self.ids = member, np.flatnonzero(member)
+        self.sizes.append(int(self.ids.size))
+
+    def begin(self, prompt):
+        self.conversation |= set(int(t) for t in prompt)
+        for t in prompt:
+            self._count(int(t))
+        self.rebuild()
+
+    def _count(self, tok: int) -> bool:
+        self.counts[tok] += np.float32(1.0)
+        self.since += 1
+        if self.since >= HALVE_EVERY:
+            self.counts *= np.float32(0.5)
+            self.since = 0
+            return True
+        return False
+
+    def picked(self, tok: int):
+        self.picks += 1
+        self.picks_inside += bool(self.member[tok])
+        self.conversation.add(tok)
+        if self._count(tok):
+            self.rebuild()
+        elif not self.member[tok]:
+            self.member[tok] = True
+            self.ids = np.flatnonzero(self.member)
+            self.appended += 1
+
+    def best(self, logits: np.ndarray) -> tuple[int, float]:
+        """The listed id with the highest score (the lower id on a tie), and
+        its probability under a softmax over the listed scores within 20 of it."""
+        s = np.asarray(logits, np.float64)[self.ids]
+        j = int(np.argmax(s))
+        near = s[s >= s[j] - 20.0]
+        return int(self.ids[j]), float(1.0 / np.exp(near - s[j]).sum())
+
+    def save(self) -> bool:
+        if self.path is None or not self.writable:
+            return False
+        write_counts(self.path, self.counts, self.since)
+        return True
+
+    def checkpoint(self):
+        return (self.counts.copy(), self.since, set(self.conversation), self.member.copy(), self.ids)
+
+    def restore(self, ck):
+        counts, self.since, conv, member, self.ids = ck
+        self.counts, self.conversation, self.member = counts.copy(), set(conv), member.copy()
