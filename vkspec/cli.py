@@ -89,7 +89,7 @@ def _bench(args) -> int:
 
 def _make_tiny(args) -> int:
     from .tiny import make_tiny
-    out = make_tiny(Path(args.dir), seed=args.seed, mtp=args.mtp, experts=args.experts,
+    out = make_tiny(Path(args.dir), seed=args.seed, mtp=args.mtp, experts=args.experts, echo=args.echo,
                     hidden=args.hidden, layers=args.layers, vocab=args.vocab)
     print(f"wrote {out}")
     return 0
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mtp", action="store_true")
+    p.add_argument("--echo", action="store_true",
+                   help="weights whose greedy output walks 8-token cycles (repetitive text for drafts)")
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)

@@ -130,11 +130,40 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     return t
 
 
-def make_tiny(out_dir: Path, seed: int = 0, **kw) -> Path:
+CYCLE = 8
+
+
+def cycle_next(t):
+    """The echo model's walk: token ids in cycles of 8 (8c+0 -> 8c+1 -> .. -> 8c+7 -> 8c)."""
+    return CYCLE * (t // CYCLE) + (t + 1) % CYCLE
+
+
+def make_echo(t: dict, cfg: dict):
+    """Make the weights predict cycle_next(token), so that greedy output walks
+    short cycles (a stand-in for repetitive text, for speculative demos): every
+    layer's writes to the residual stream are damped, the lm_head row of v is
+    the embedding of the token before v, and the MTP head's fc passes the next
+    token's embedding through (so it predicts the token after next)."""
+    for name in t:
+        if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            t[name] = (t[name] * 0.01).astype(np.float32)
+    v, h = cfg["vocab_size"], cfg["hidden_size"]
+    before = np.empty(v, np.int64)
+    before[cycle_next(np.arange(v))] = np.arange(v)
+    t["lm_head.weight"] = t["model.embed_tokens.weight"][before].copy()
+    if "mtp.fc.weight" in t:
+        t["mtp.fc.weight"] = np.concatenate([np.eye(h, dtype=np.float32),
+                                             np.zeros((h, h), np.float32)], axis=1)
+
+
+def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, **kw) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(**kw)
-    save_file(random_weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = random_weights(cfg, seed)
+    if echo:
+        make_echo(weights, cfg)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     make_tokenizer(cfg["vocab_size"]).save(str(out / "tokenizer.json"))
     return out

@@ -95,7 +95,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         return tok, logits[i]
 
     def propose(pick, pos, k_max):
-        best, best_v = None, float("-inf")
+        props = []
         for src in sources:
             k = gate.plan(src.name, k_max) if gate else k_max
             if k <= 0:
@@ -109,14 +109,9 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 if prop.probs is not None and pstep:
                     prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
                     prop.probs = prop.probs[:len(prop.tokens)]
-                if not prop.tokens:
-                    continue
-                v = gate.value(src.name, len(prop.tokens))
-            else:
-                v = float(len(prop.tokens))
-            if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
-                best, best_v = prop, v
-        return best
+            if prop.tokens:
+                props.append(prop)
+        return choose(props, gate)
 
     def restore(commit):
         n_out, n_hist, sampler_state, source_states, saved_state, saved_counters = commit
@@ -144,3 +139,15 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             raise
     return Result(out, last, counters.forwards, t1 - t0, time.perf_counter() - t1,
                   counters.drafted, counters.accepted, counters)
+
+
+def choose(proposals, gate):
+    """The proposal with the higher expected tokens per unit of time (the
+    gate's E(k)/cost(k) with its acceptance for that source), the longer one on
+    a tie."""
+    best, best_v = None, float("-inf")
+    for prop in proposals:
+        v = gate.value(prop.source, len(prop.tokens)) if gate else float(len(prop.tokens))
+        if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
+            best, best_v = prop, v
+    return best
