@@ -120,3 +120,28 @@ def test_run_json_contract(good, tmp_path):
     (d / "tokenizer.json").unlink()
     res2 = vkspec("run", str(d), "--prompt-ids", "1,2,3", "-n", "4", "--json")
     assert res2.returncode == 0 and json.loads(res2.stdout)["text"] == ""
+
+
+def test_spec_modes_print_the_same_digest(tmp_path):
+    d = make_tiny(tmp_path / "echo", seed=1, mtp=True, echo=True)
+    outs = {}
+    for mode in ("off", "lookup", "mtp", "auto"):
+        res = vkspec("run", str(d), "--prompt-ids", "40,41,42,43,44,45,46,47,40,41", "-n", "24",
+                     "--spec", mode, "--json")
+        assert res.returncode == 0, res.stderr
+        outs[mode] = json.loads(res.stdout)
+        assert f"[vkspec {mode}] run:" in res.stderr and "tokens/forward" in res.stderr
+    assert len({o["digest"] for o in outs.values()}) == 1
+    assert outs["mtp"]["forwards"] < outs["off"]["forwards"] and outs["mtp"]["accepted"] > 0
+    assert outs["mtp"]["counters"]["acceptance_by_position"]
+
+
+def test_spec_bad_settings_are_one_line(good, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("spec_mode = 'mtp'\nspec_draft_max = 0\n")
+    for args, why in ((["--config", str(bad)], "spec_draft_max = 0 is out of range"),
+                      (["--spec", "mtp", "--snapshots", "8"], "spec_mtp_recurrent_snapshots = 8"),
+                      (["--spec", "mtp"], "the checkpoint has no MTP head")):
+        plain = make_tiny(tmp_path / "plain", seed=1) if "no MTP" in why else good
+        res = vkspec("run", str(plain), "--prompt-ids", "1,2", "-n", "2", *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and why in res.stderr, res.stderr

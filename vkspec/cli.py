@@ -37,6 +37,11 @@ def _run(args) -> int:
                        mtp=want_mtp if cfg.spec_mode in ("mtp", "auto") else False)
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    import signal
+
+    def on_term(signum, frame):                  # the counts are saved on the way out
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
     try:
         res = generate_spec(model, prompt, args.n, sampler, sources, gate,
                             snapshots=cfg.spec_mtp_recurrent_snapshots,

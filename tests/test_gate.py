@@ -1,0 +1,144 @@
+"""The gate's formulas and decisions, the draft sources' rules, the settings."""
+
+import pytest
+
+from vkspec.errors import VkspecError
+from vkspec.spec.config import SpecConfig
+from vkspec.spec.decode import choose
+from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, Gate
+from vkspec.spec.lookup import PromptLookup, Proposal
+
+
+def test_priors_expected_tokens_and_unmeasured_cost():
+    g = Gate(7)
+    s = g.source("mtp")
+    assert [round(s.a(j), 6) for j in (1, 2, 3, 4)] == [0.8, 0.6, 0.5, 0.5]
+    assert g.source("lookup").a(1) == 0.5
+    assert g.expected([0.8, 0.6, 0.5]) == pytest.approx(1 + 0.8 + 0.48 + 0.24)
+    assert g.rho == 0.5                                   # nothing measured
+    assert g.cost_rows(4) == pytest.approx(1 + 3 * 0.5)
+    assert g.value("mtp", 2) == pytest.approx((1 + 0.8 + 0.48) / 2.0)    # T(3)/T(1) = 1 + 2 rho
+    assert g.value("mtp", 0) == 1.0
+
+
+def test_rho_is_fitted_and_measured_rows_cost_what_they_cost():
+    g = Gate(7)
+    g.record_forward(1, 0.010)
+    g.record_forward(3, 0.014)                            # 1.4 = 1 + 2 rho -> rho 0.2
+    g.record_forward(5, 0.018)                            # 1.8 = 1 + 4 rho -> rho 0.2
+    assert g.rho == pytest.approx(0.2)
+    assert g.cost_rows(3) == pytest.approx(1.4)
+    assert g.cost_rows(7) == pytest.approx(1 + 6 * 0.2)   # unmeasured: T(1)(1 + (n-1) rho)
+    g.record_draft_time("mtp", 2, 0.004)                  # d = 2 ms per extra draft
+    e = 1 + 0.8 + 0.48
+    assert g.value("mtp", 2) == pytest.approx(e / (1.4 + 1 * 0.2))    # (T(3) + d) / T(1)
+
+
+def test_acceptance_runs_with_a_memory_of_16_verifies():
+    g = Gate(7)
+    for _ in range(40):
+        g.record_verify("lookup", 1, 0)
+    assert g.source("lookup").a(1) < 0.02
+    for _ in range(16):
+        g.record_verify("lookup", 1, 1)
+    assert 0.6 < g.source("lookup").a(1) < 0.7             # old evidence fades, ~1 - 1/e
+    g.record_verify("mtp", 3, 1)                           # draft 1 taken, 2 judged and refused, 3 unjudged
+    s = g.source("mtp")
+    assert s.rates[0].trials == 3 and s.rates[1].trials == 3 and len(s.rates) == 2
+
+
+def test_plan_declines_when_no_depth_beats_a_plain_step_and_probes_every_16():
+    g = Gate(7)
+    g.record_forward(1, 0.01)
+    for n in range(2, 9):
+        g.record_forward(n, 0.01 * n)                      # every row costs a full step
+    picks = [g.plan("lookup") for _ in range(2 * PROBE_EVERY)]
+    assert picks.count(0) == 2 * PROBE_EVERY - 2 and g.declined == 2 * PROBE_EVERY - 2
+    assert picks[PROBE_EVERY - 1] == 1 and picks[2 * PROBE_EVERY - 1] == 1 and g.probes == 2
+
+
+def test_plan_picks_the_depth_maximising_value():
+    g = Gate(7)
+    g.record_forward(1, 0.010)
+    for n in range(2, 9):
+        g.record_forward(n, 0.010 * (1 + 0.1 * (n - 1)))   # cheap rows
+    for _ in range(30):
+        g.record_verify("mtp", 7, 7)                        # everything accepted
+    k, v = g.best("mtp", 7)
+    assert k == 7 and v == pytest.approx(g.value("mtp", 7))
+    assert g.plan("mtp", 3) == 3                            # the caller's cap
+
+
+def test_a_plain_step_is_forced_after_64_forwards_without_one():
+    g = Gate(3, enabled=True)
+    g.record_forward(1, 0.01)
+    for _ in range(FORCE_PLAIN_AFTER):
+        g.record_forward(3, 0.011)
+    assert g.plan("mtp") == 0 and g.forced_plain == 1
+    g.record_forward(1, 0.01)
+    assert g.plan("mtp") > 0
+
+
+def test_gate_off_drafts_every_proposal_in_full():
+    g = Gate(5, enabled=False)
+    assert g.plan("lookup") == 5 and g.plan("lookup", 2) == 2
+    assert g.pick_p("mtp", [0.01, 0.01]) == 2 and g.deeper_p("mtp", 1, [0.01])
+
+
+def test_confidence_bins():
+    g = Gate(7)
+    g.record_forward(1, 0.01)
+    for n in range(2, 9):
+        g.record_forward(n, 0.01 * (1 + 0.2 * (n - 1)))
+    s = g.source("mtp")
+    assert [round(b.p, 2) for b in s.bins] == [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95]
+    assert g.pick_p("mtp", [0.97, 0.96, 0.05]) == 2        # sure drafts stay, the doubtful one goes
+    assert g.pick_p("mtp", [0.02]) == 0                     # not worth its verify row
+    assert g.deeper_p("mtp", 1, [0.97])                     # a sure step goes deeper
+    assert not g.deeper_p("mtp", 2, [0.97, 0.03])           # a shorter verify is worth more
+    for _ in range(20):
+        g.record_verify("mtp", 1, 0, probs=[0.97])          # that bin learns it is wrong
+    assert s.bins[9].p < 0.2 and g.pick_p("mtp", [0.97]) == 0
+
+
+def test_choose_takes_the_higher_value_then_the_longer():
+    g = Gate(7)
+    a, b = Proposal("lookup", [1, 2]), Proposal("mtp", [3, 4])
+    assert choose([a, b], g) is b                          # MTP's priors are higher
+    for _ in range(30):
+        g.record_verify("lookup", 2, 2)
+    assert choose([a, b], g) is a
+    assert choose([Proposal("x", [1]), Proposal("y", [1, 2])], None).source == "y"
+
+
+def test_prompt_lookup_longest_suffix_at_its_most_recent_occurrence():
+    lk = PromptLookup(5)
+    prop = lk.propose([5, 6, 7, 1, 2, 3, 4, 0, 1, 2, 3, 4, 9, 9, 1, 2], 3, 0, 5)
+    assert prop.tokens == [4, 9, 9, 1, 2]                  # most recent [1, 2, 3] (4-gram [x,1,2,3] absent)
+    prop = lk.propose([7, 1, 2, 3, 8, 8, 7, 1, 2], 3, 0, 5)
+    assert prop.tokens == [8, 8, 7, 1, 2]                  # the 4-gram [7, 1, 2, 3]
+    assert lk.propose([1, 2, 3], 4, 0, 5) is None          # no earlier occurrence
+    assert lk.propose([1, 2, 9, 1], 2, 0, 2).tokens == [9, 1]
+    assert PromptLookup(9).max_drafts == 5
+
+
+def test_settings_from_toml_and_flags(tmp_path):
+    f = tmp_path / "spec.toml"
+    f.write_text('[spec]\nspec_mode = "mtp"\nspec_draft_max = 3\nspec_mtp_recurrent_snapshots = 2\n'
+                 'spec_mtp_fr_vocab_size = 100\n')
+    c = SpecConfig.load(f)
+    assert (c.spec_mode, c.spec_draft_max, c.spec_mtp_recurrent_snapshots, c.spec_mtp_fr_vocab_size) == \
+        ("mtp", 3, 2, 100)
+    assert SpecConfig.load(f, spec_draft_max=5).spec_draft_max == 5      # flags win
+    f.write_text("spec_mode = 'lookup'\nspec_drafts = 3\n")
+    with pytest.raises(VkspecError, match="unknown key 'spec_drafts'"):
+        SpecConfig.load(f)
+    f.write_text("spec_draft_max = 9\n")
+    with pytest.raises(VkspecError, match=r"spec_draft_max = 9 is out of range \(1..7\)"):
+        SpecConfig.load(f)
+    f.write_text("spec_mode = [\n")
+    with pytest.raises(VkspecError, match="not valid TOML"):
+        SpecConfig.load(f)
+    for mode in ("draft-model", "dflash", "dspark"):
+        with pytest.raises(VkspecError, match="never substitutes"):
+            SpecConfig(spec_mode=mode).check()

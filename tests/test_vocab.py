@@ -1,0 +1,113 @@
+"""The MTP head's draft vocabulary: the list's rules and its counts file."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vkspec.generate import generate
+from vkspec.model import load_model
+from vkspec.sampling import Sampler
+from vkspec.spec import SpecConfig, generate_spec
+from vkspec.spec.sources import build
+from vkspec.spec.vocab import FILE_NAME, HALVE_EVERY, DraftVocab, read_counts, write_counts
+from vkspec.tiny import make_tiny
+
+
+def test_list_top_n_three_quarters_and_conversation():
+    v = DraftVocab(100, size=3)
+    v.counts[:] = 0
+    v.counts[[10, 11, 12, 13, 14]] = [9, 8, 4, 3, 2]     # the 3rd is 4: 3 >= 0.75 * 4 joins, 2 does not
+    v.begin([50])                                        # a prompt token counts and joins
+    assert set(v.ids.tolist()) == {10, 11, 12, 13, 50}
+    v.picked(77)                                         # a picked token missing joins at once
+    assert 77 in v.ids and v.appended == 1
+    assert DraftVocab(100, size=0).whole and DraftVocab(100, size=100).whole
+
+
+def test_counts_halve_every_1024_tokens_and_the_list_is_rebuilt():
+    v = DraftVocab(50, size=2)
+    v.begin([1] * 1000)
+    assert v.counts[1] == 1000 and v.rebuilds == 1
+    for _ in range(HALVE_EVERY - 1000):
+        v.picked(2)
+    assert v.counts[1] == 500 and v.counts[2] == 12 and v.since == 0 and v.rebuilds == 2
+
+
+def test_best_prefers_listed_ids_and_reports_its_probability():
+    v = DraftVocab(6, size=2)
+    v.counts[:] = [0, 5, 0, 4, 0, 0]
+    v.rebuild()
+    tok, p = v.best(np.array([9.0, 1.0, 0.0, 1.0, 0.0, 0.0], np.float32))
+    assert tok == 1 and p == pytest.approx(0.5)          # 0 is not listed; ties go to the lower id
+
+
+def test_file_round_trip(tmp_path):
+    path = tmp_path / FILE_NAME
+    counts = np.arange(7, dtype=np.float32)
+    write_counts(path, counts, 5)
+    got, since = read_counts(path, 7)
+    assert got.tobytes() == counts.tobytes() and since == 5
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"), seed=2, mtp=True, echo=True)
+
+
+def run_mtp(model_dir, *extra):
+    env = dict(os.environ)
+    res = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(model_dir), "--prompt-ids",
+                          "1,2,3,4", "-n", "12", "--spec", "mtp", "--json", *extra],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout), res.stderr
+
+
+def test_a_run_saves_counts_and_the_next_starts_from_them(tiny_dir):
+    path = tiny_dir / FILE_NAME
+    path.unlink(missing_ok=True)
+    run_mtp(tiny_dir)
+    c1, _ = read_counts(path, 512)
+    assert c1.sum() == 4 + 12                            # prompt tokens and picks
+    run_mtp(tiny_dir)
+    c2, _ = read_counts(path, 512)
+    assert c2.sum() == 2 * (4 + 12)
+
+
+def _good(vocab=512):
+    body = b"VKSPECVU" + struct.pack("<III", 1, vocab, 0) + np.ones(vocab, "<f4").tobytes()
+    import zlib
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (lambda b: b"not a counts file at all", "not a vkspec vocabulary-usage file"),
+    (lambda b: _good(100), "counts for a vocabulary of 100"),
+    (lambda b: b[:-9], "ends on a damaged record"),
+    (lambda b: b[:-6] + bytes([b[-6] ^ 1]) + b[-5:], "checksum mismatch"),
+])
+def test_a_bad_counts_file_is_never_overwritten(tiny_dir, damage, reason):
+    path = tiny_dir / FILE_NAME
+    bad = damage(_good())
+    path.write_bytes(bad)
+    out, err = run_mtp(tiny_dir)
+    assert path.read_bytes() == bad                      # kept as it was
+    assert reason in err and err.count(reason) == 1
+    assert out["tokens"]
+    path.unlink()
+
+
+def test_the_list_never_changes_output(tiny_dir):
+    model = load_model(tiny_dir)
+    prompt = [3, 17, 250, 99, 1, 2]
+    ref = generate(model, prompt, 32)
+    for size in (1, 5, 0):
+        sources, gate = build(model, SpecConfig(spec_mode="mtp", spec_gate=False, spec_draft_max=3,
+                                                spec_mtp_fr_vocab_size=size))
+        got = generate_spec(model, prompt, 32, Sampler(), sources, gate)
+        assert got.tokens == ref.tokens and got.digest == ref.digest
