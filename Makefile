@@ -28,6 +28,7 @@ bench: setup
 	$(VENV)/bin/python tests/bench/bench_core.py
 	$(VENV)/bin/python tests/bench/bench_decode.py
 	$(VENV)/bin/python tests/bench/bench_chain.py
+	$(VENV)/bin/python tests/bench/bench_spec.py
 
 shaders: setup
 	$(VENV)/bin/python vkspec/shaders/build.py

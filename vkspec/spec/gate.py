@@ -5,9 +5,11 @@ Terms:
   before it were. It starts at the source's prior (MTP 0.8, 0.6, 0.5, then
   0.5; lookup 0.5), worth PRIOR_WEIGHT pseudo-verifies, and remembers about
   MEMORY verifies (older evidence is scaled down).
-* T(n): the measured seconds of an n-row forward (a running average). An
-  unmeasured row count costs T(1) (1 + (n-1) rho), rho fitted from the
-  multi-row forwards measured once T(1) is (0.5 until then).
+* T(n): the measured seconds of an n-row forward: the median of its last
+  SAMPLES forwards (one slow forward, such as the first of a new shape, which
+  records it, does not sway it). An unmeasured row count costs
+  T(1) (1 + (n-1) rho), rho fitted from the multi-row forwards measured once
+  T(1) is (0.5 until then).
 * d: the measured seconds a source spends per draft past its first.
 * E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, the tokens a verify of k drafts
   yields; cost(k) = (T(k+1) + (k-1) d) / T(1), in plain steps;
@@ -27,6 +29,7 @@ Terms:
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,)}
@@ -35,6 +38,7 @@ MEMORY = 16.0
 PROBE_EVERY = 16
 FORCE_PLAIN_AFTER = 64
 BINS = 10
+SAMPLES = 8
 
 
 @dataclass
@@ -82,7 +86,8 @@ class Gate:
     def __init__(self, k_max: int, enabled: bool = True, pstep: bool = False):
         self.k_max, self.enabled, self.pstep = k_max, enabled, pstep
         self.stats: dict[str, SourceStats] = {}
-        self.t: dict[int, float] = {}          # n -> running seconds of an n-row forward
+        self.samples: dict[int, list[float]] = {}
+        self.t: dict[int, float] = {}          # n -> T(n), seconds
         self.picks = 0
         self.since_plain = 0
         self.declined = self.probes = self.forced_plain = 0
@@ -94,8 +99,10 @@ class Gate:
 
     # --- measurements ------------------------------------------------------------
     def record_forward(self, rows: int, seconds: float):
-        old = self.t.get(rows)
-        self.t[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        last = self.samples.setdefault(rows, [])
+        last.append(seconds)
+        del last[:-SAMPLES]
+        self.t[rows] = statistics.median(last)
         self.since_plain = 0 if rows == 1 else self.since_plain + 1
 
     def record_verify(self, name: str, drafted: int, accepted: int, probs=None):
