@@ -67,19 +67,33 @@ class VulkanModel:
     backend = "vulkan"
 
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
-                 budget_gb: float | None = None):
-        self.cfg, self.w = cfg, w
-        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
-        self.dev = get_device()
-        self.kp = self.dev.kp
+                 budget_gb: float | None = None, tier=None):
+        self._setup(cfg, w, ctx, tier)
         self.plan = self.memory_plan()
         self.plan.check(budget_bytes(budget_gb))
+        self.dev = get_device()
+        self.kp = self.dev.kp
         self.up = Uploader(self.dev)
         self._algos: dict = {}
         self._seqs: dict = {}
         self._state: DeviceState | None = None
         self.timing: dict | None = None
         self._build()
+
+    def _setup(self, cfg, w, ctx, tier):
+        """What the chain will hold, decided without touching the device."""
+        from .tier.resident import ExpertTier
+        self.cfg, self.w = cfg, w
+        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
+        self.fused = self._fused()
+        self.tier = ExpertTier(self, tier) if tier is not None else None
+
+    @classmethod
+    def planned(cls, cfg, w, ctx=None, tier=None, slots: int = 0) -> Plan:
+        """The memory plan of a chain with `slots` recurrent copy slots, without a device."""
+        self = cls.__new__(cls)
+        self._setup(cfg, w, ctx, tier)
+        return self.memory_plan(slots)
 
     # --- memory ---------------------------------------------------------------
     def _fused(self):
@@ -113,16 +127,29 @@ class VulkanModel:
         d["cd"] = 2 * d["nk"] * d["dk"] + d["nv"] * d["dv"]
         return d
 
-    def memory_plan(self) -> Plan:
+    def memory_plan(self, slots: int = 0) -> Plan:
+        """Every tensor the chain makes, by name; `slots` copy slots beyond the two
+        regions every recurrent state has."""
         d, c, ctx = self._dims(), self.cfg, self.ctx
+        regions = 2 + slots
         items = []
 
         def wt(name, q):
             items.append((f"weights:{name}", int(q.data.nbytes)))
             items.append((f"weights:{name}.scales", int(max(q.scales.nbytes, 4))))
 
-        self.fused = self._fused()
         items.append(("weights:embed", self.w.embed.nbytes))
+        for i, lw in enumerate(self._layers_w()):
+            norms = [lw.in_norm, lw.post_norm]
+            m = lw.mixer
+            if lw.kind == "full_attention":
+                norms += [m.q_norm, m.k_norm] if m.q_norm is not None else []
+            else:
+                norms += [m.conv, m.norm, np.concatenate([m.dt_bias, m.neg_exp_a])]
+            items += [(f"weights:layer{i}.vectors", sum(int(a.nbytes) for a in norms))]
+        vectors = [self.w.norm] + ([self.w.mtp.norm_emb, self.w.mtp.norm_hidden, self.w.mtp.norm]
+                                   if self.w.mtp else [])
+        items.append(("weights:norms", sum(int(a.nbytes) for a in vectors)))
         wt("lm_head", self.w.lm_head)
         if self.w.mtp:
             wt("mtp.fc", self.w.mtp.fc)
@@ -131,18 +158,32 @@ class VulkanModel:
             wt(f"layer{i}.mix", mix)
             wt(f"layer{i}.out", out)
             for k, q in ffn.items():
-                wt(f"layer{i}.{k}", q)
+                if self.tier is not None and self.tier.holds(i, k):
+                    items += self.tier.plan_items(i, k)
+                else:
+                    wt(f"layer{i}.{k}", q)
             kind = self._layers_w()[i].kind
             if kind == "full_attention":
                 n_attn += 1
                 items += [(f"kv:layer{i}.{t}", ctx * d["nkv"] * d["hd"] * 4) for t in "kv"]
             else:
-                items += [(f"state:layer{i}.conv", 2 * (d["K"] - 1) * d["cd"] * 4),
-                          (f"state:layer{i}.ssm", 2 * d["nv"] * d["dk"] * d["dv"] * 4)]
+                items += [(f"state:layer{i}.conv", regions * (d["K"] - 1) * d["cd"] * 4),
+                          (f"state:layer{i}.ssm", regions * d["nv"] * d["dk"] * d["dv"] * 4)]
         items += [("rope:cos", ctx * max(c.rotary_dim, 1) * 4), ("rope:sin", ctx * max(c.rotary_dim, 1) * 4)]
         for name, words in self._scratch_sizes().items():
             items.append((f"scratch:{name}", words * 4))
+        items += [("scratch:step", STEP_WORDS * 4), ("scratch:mtp_step", STEP_WORDS * 4)]
+        for kind, rows in self._output_shapes():
+            items += [(f"outputs:{kind}{rows}.logits", rows * d["V"] * 4), (f"outputs:{kind}{rows}.picks", rows * 4)]
+        for L, lw in zip(range(len(self.fused)), self._layers_w()):
+            if isinstance(lw.ffn, MoeW):
+                items.append((f"scratch:layer{L}.slot_map", d["E"] * 4))
+        if self.tier is not None:
+            items += self.tier.staging_items()
         return Plan(items)
+
+    def _output_shapes(self):
+        return [("main", r) for r in range(1, MAX_ROWS + 1)] + ([("mtp", 1)] if self.w.mtp else [])
 
     def _layers_w(self):
         return self.w.layers + ([self.w.mtp.layer] if self.w.mtp else [])
@@ -160,7 +201,8 @@ class VulkanModel:
             scores=R * d["nh"] * self.ctx, attn_o=R * P(d["nh"] * d["hd"]),
             mixed=R * d["cd"], prep=R * (2 * d["nk"] * d["dk"] + 2 * d["nv"]),
             dn_o=R * d["nv"] * d["dv"], dn_n=R * P(max(d["nv"] * d["dv"], 1)),
-            act=R * d["k"] * inter, rlog=R * (d["E"] + 1), ridx=R * d["k"], rwt=R * d["k"],
+            act=R * d["k"] * inter, rlog=R * (d["E"] + 1), ridx=R * d["k"] * self._n_moe(),
+            rwt=R * d["k"] * self._n_moe(),
             ey=R * d["k"] * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d["k"] * d["H"],
             sh=R * d["H"], fcin=R * P(2 * d["H"]), mx=R * d["Hp"], mtp_in=R * d["Hp"])
 
@@ -173,10 +215,18 @@ class VulkanModel:
         self.t_cos = up.array(cos if cos.size else np.zeros(1, np.float32))
         self.t_sin = up.array(sin if sin.size else np.zeros(1, np.float32))
         self.layers = []
-        for lw, (mix, out, ffn) in zip(self._layers_w(), self.fused):
+        moe_i = 0
+        for i, (lw, (mix, out, ffn)) in enumerate(zip(self._layers_w(), self.fused)):
             L = dict(kind=lw.kind, in_norm=up.array(lw.in_norm), post_norm=up.array(lw.post_norm),
-                     mix=up.weight(mix), out=up.weight(out),
-                     ffn={k: up.weight(q) for k, q in ffn.items()}, moe=isinstance(lw.ffn, MoeW))
+                     mix=up.weight(mix), out=up.weight(out), moe=isinstance(lw.ffn, MoeW),
+                     ffn={k: up.weight(q) for k, q in ffn.items()
+                          if self.tier is None or not self.tier.holds(i, k)})
+            if L["moe"]:
+                L["moe_i"] = moe_i
+                moe_i += 1
+                L["smap"] = up.array(np.arange(d["E"], dtype=np.uint32), "device")
+                if self.tier is not None and self.tier.holds(i, "gate_up"):
+                    self.tier.build_layer(i, L)
             m = lw.mixer
             if lw.kind == "full_attention":
                 L["gated"] = m.gated
@@ -200,18 +250,22 @@ class VulkanModel:
         self.t_norm = up.array(self.w.norm)
         self.s = {}
         for name, words in self._scratch_sizes().items():
-            kind = "device" if name in ("x", "mx", "mtp_in") else "storage"
+            kind = "device" if name in ("x", "mx", "mtp_in", "h", "ed", "ridx") else "storage"
             dtype = np.uint32 if name == "ridx" else np.float32
             self.s[name] = up.zeros(words, dtype, kind)
         self.step = up.zeros(STEP_WORDS, np.uint32, "device")
         self.mtp_step = up.zeros(STEP_WORDS, np.uint32, "device")
         self.out = {}      # (kind, rows) -> (logits, picks) device tensors
+        for kind, rows in self._output_shapes():
+            self._outputs(kind, rows)
+        if self.tier is not None:
+            self.tier.start()
 
     def _outputs(self, kind: str, rows: int):
         key = (kind, rows)
         if key not in self.out:
-            self.out[key] = (self.dev.zeros(rows * self.cfg.vocab_size, np.float32, "device"),
-                             self.dev.zeros(rows, np.uint32, "device"))
+            self.out[key] = (self.up.zeros(rows * self.cfg.vocab_size, np.float32, "device"),
+                             self.up.zeros(rows, np.uint32, "device"))
         return self.out[key]
 
     # --- recording ----------------------------------------------------------------
@@ -229,12 +283,12 @@ class VulkanModel:
                  rows=w.rows, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
                  y_off=y_off, y_stride=w.rows if y_stride is None else y_stride)
 
-    def _routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows):
+    def _routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
         s = self.s
-        self._op("gemv", w.variant + "_routed", [w.data, w.scales, x, y, s["ridx"]],
+        self._op("gemv", w.variant + "_routed", [w.data, w.scales, x, y, s["ridx"], smap],
                  (_groups(per_expert_rows), pairs), rows=per_expert_rows, cols=w.cols_p, nvec=pairs,
                  x_stride=x_stride, y_stride=y_stride, w_expert=per_expert_rows * w.words_per_row,
-                 s_expert=per_expert_rows * w.scales_per_row, x_div=x_div)
+                 s_expert=per_expert_rows * w.scales_per_row, x_div=x_div, idx_off=idx_off)
 
     def _rmsnorm(self, x, w, y, rows, n, group=1, x_off=0, x_stride=0, x_inner=0, y_off=0,
                  y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
@@ -277,13 +331,22 @@ class VulkanModel:
         logits, picks = self._outputs(kind, rows)
         self._gemv(self.t_head, s["xn"], logits, rows, x_stride=d["Hp"])
         self._op("argmax", None, [logits, picks], _groups(rows), rows=rows, n=d["V"], x_stride=d["V"])
-        seq = self.dev.sequence()
+        segments, seq = [], self.dev.sequence()
         seq.record(self.kp.OpTensorSyncDevice([step] + ([s["mtp_in"]] if kind == "mtp" else [])))
         for algo, push in self._rec:
-            seq.record(self.kp.OpAlgoDispatch(algo, push))
-        seq.record(self.kp.OpTensorSyncLocal([x, logits, picks]))
+            if algo == "sync_local":
+                seq.record(self.kp.OpTensorSyncLocal(push))
+            elif algo == "sync_device":
+                seq.record(self.kp.OpTensorSyncDevice(push))
+            elif algo == "host":                   # the sequence ends; the host works; the next begins
+                segments.append((seq, push))
+                seq = self.dev.sequence()
+            else:
+                seq.record(self.kp.OpAlgoDispatch(algo, push))
+        seq.record(self.kp.OpTensorSyncLocal([x, logits, picks] + ([s["ridx"]] if self.tier else [])))
+        segments.append((seq, None))
         self._rec = None
-        return seq, logits, picks
+        return segments, logits, picks
 
     def _attention(self, L, x, n, bucket, step):
         d, s = self._dims(), self.s
@@ -353,13 +416,19 @@ class VulkanModel:
         d, s, f, c = self._dims(), self.s, L["ffn"], self.cfg
         E, k, H, mi = d["E"], d["k"], d["H"], c.moe_intermediate_size
         R = f["router"].rows
+        off = L["moe_i"] * MAX_ROWS * k           # this layer's rows of the routing buffers
         self._gemv(f["router"], s["h"], s["rlog"], n, x_stride=d["Hp"])
         self._op("route", None, [s["rlog"], s["ridx"], s["rwt"]], _groups(n), rows=n, n=E, k=k,
-                 x_stride=R, normalize=int(c.norm_topk_prob))
-        self._routed(f["gate_up"], s["h"], s["ey"], n * k, k, d["Hp"], 2 * mi, 2 * mi)
+                 x_stride=R, normalize=int(c.norm_topk_prob), y_off=off)
+        if self.tier is not None and self.tier.holds_layer(L):
+            # the host computes (or streams in) the pairs whose expert has no slot
+            self._rec.append(("sync_local", [s["h"], s["ridx"]]))
+            self._rec.append(("host", self.tier.host_step(L, n)))
+            self._rec.append(("sync_device", [s["ed"], L["smap"]]))
+        self._routed(f["gate_up"], s["h"], s["ey"], n * k, k, d["Hp"], 2 * mi, 2 * mi, L["smap"], off)
         self._op("silu_mul", None, [s["ey"], s["act"]], _groups(n * k * mi), rows=n * k, n=mi,
                  x_stride=2 * mi, y_stride=P(mi))
-        self._routed(f["down"], s["act"], s["ed"], n * k, 1, P(mi), H, H)
+        self._routed(f["down"], s["act"], s["ed"], n * k, 1, P(mi), H, H, L["smap"], off)
         shared = "sh_down" in f
         if shared:
             si = f["sh_down"].cols_p
@@ -370,7 +439,7 @@ class VulkanModel:
             self._gemv(f["sh_down"], s["act"], s["sh"], n, x_stride=si, y_stride=H)
         self._op("moe_combine", "shared" if shared else "routed",
                  [x, s["ed"], s["rwt"], s["sh"], s["rlog"]], _groups(n * H), rows=n, n=H, k=k,
-                 x_stride=d["Hp"], y_stride=H, s_stride=H, g_stride=R, g_off=E)
+                 x_stride=d["Hp"], y_stride=H, s_stride=H, g_stride=R, g_off=E, w_off=off)
 
     def _sequence(self, kind, n, bucket, last):
         key = (kind, n, bucket, last)
@@ -449,14 +518,11 @@ class VulkanModel:
         slots = [NO_SLOT if r is None else r for r in regions]
         self._write_step(self.step, st.kv_len, st.live, tokens, range(st.kv_len, st.kv_len + n), slots)
         last = logits_rows != "all" and n > 1
-        seq, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
+        segments, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
         st.block = (st.kv_len, n, st.live, regions)
-        if self.timing is None:
-            seq.eval()
-        else:                                    # vkspec.bench: device time vs host time
-            t0 = time.perf_counter()
-            seq.eval()
-            self.timing["eval"] += time.perf_counter() - t0
+        self._run(segments)
+        if self.tier is not None:
+            self.tier.after_forward(n)
         st.kv_len += n
         st.live = regions[-1]
         return self._rows("main", tokens, st.kv_len, last, logits_t, picks_t)
@@ -487,9 +553,23 @@ class VulkanModel:
         buf = self.s["mtp_in"].data()
         buf[:n * d["Hp"]].reshape(n, d["Hp"])[:, :d["H"]] = np.asarray(hidden, np.float32).reshape(n, d["H"])
         self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
-        seq, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), False)
-        seq.eval()
+        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), False)
+        self._run(segments)
         return self._rows("mtp", tokens, 0, False, logits_t, picks_t)
+
+    def _run(self, segments):
+        for seq, host in segments:
+            if self.timing is None:
+                seq.eval()
+            else:                                # vkspec.bench: device time vs host time
+                t0 = time.perf_counter()
+                seq.eval()
+                self.timing["eval"] += time.perf_counter() - t0
+            if host is not None:
+                host()
+
+    def _n_moe(self) -> int:
+        return max(1, sum(isinstance(lw.ffn, MoeW) for lw in self._layers_w()))
 
     # --- copy slots ---------------------------------------------------------------
     def _grow(self, regions: int):
@@ -505,7 +585,7 @@ class VulkanModel:
                         made.append((L, name, self.up.zeros(L[name].size() // self.regions * regions)))
         except Exception as e:
             for _, _, t in made:
-                t.destroy()
+                self.up.release(t)
             raise VkspecError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
         seq = self.dev.sequence()
         keep = []
@@ -518,7 +598,7 @@ class VulkanModel:
         old = set()
         for L, name, t in made:
             old.add(id(L[name]))
-            L[name].destroy()
+            self.up.release(L[name])
             L[name] = t
         self._algos = {k: a for k, a in self._algos.items() if not old & set(k[1])}
         self.regions, st.live, st.block = regions, 0, None

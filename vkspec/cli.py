@@ -33,8 +33,9 @@ def _run(args) -> int:
         print("vkspec: empty prompt", file=sys.stderr)
         return 2
     want_mtp = True if cfg.spec_mode == "mtp" else None
+    tier = _tier(args, args.model)
     model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
-                       mtp=want_mtp if cfg.spec_mode in ("mtp", "auto") else False)
+                       mtp=want_mtp if cfg.spec_mode in ("mtp", "auto") else False, tier=tier)
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     import signal
@@ -48,6 +49,8 @@ def _run(args) -> int:
                             stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
     finally:
         save_vocab(sources)
+        if tier is not None and tier.history:
+            model.tier.save_history(tier.history)
     try:
         tok = load_tokenizer(args.model)
     except Exception:
@@ -57,6 +60,13 @@ def _run(args) -> int:
     print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | prefill {res.prefill_s:.3f} s | "
           f"decode {res.decode_tok_s:.1f} tok/s", file=sys.stderr)
     stats = c.as_dict(gate, sources)
+    if tier is not None:
+        stats["tier"] = model.tier.stats.as_dict()
+        t = stats["tier"]
+        print(f"[vkspec tier] {args.tier_gb} GiB: slots per layer {model.tier.caps}, hit rate "
+              f"{t['hit_rate']:.1%} ({t['hits']}/{t['pairs']}), {t['cpu']} on the CPU, {t['streamed']} "
+              f"streamed, {t['uploads']} uploads ({t['upload_ms_per_forward']:.2f} ms/forward)",
+              file=sys.stderr)
     if gate is not None:
         print(f"[vkspec spec gate] {'on' if gate.enabled else 'off'}, {gate.declined} declined, "
               f"{gate.probes} probes, {gate.forced_plain} forced plain | {gate.summary()}", file=sys.stderr)
@@ -90,6 +100,29 @@ def _bench(args) -> int:
         print("n          " + " ".join(f"{n:>6}" for n in out["t_ratio"]))
         print("T(n)/T(1)  " + " ".join(f"{v:6.2f}" for v in out["t_ratio"].values()))
     return 0
+
+
+def _plan(args) -> int:
+    from .plan import plan, table
+    from .tier.resident import TierConfig
+    tier = TierConfig(budget_gb=args.budget_gb) if args.budget_gb is not None else None
+    d = plan(args.model, fmt=args.dtype, ctx=args.ctx, tier=tier, snapshots=args.snapshots,
+             drafts=args.drafts)
+    print(json.dumps(d) if args.json else table(d))
+    return 0
+
+
+def _tier(args, model_dir):
+    """--tier-* flags -> a TierConfig (or None: every expert on the device)."""
+    if args.tier_gb is None:
+        return None
+    from .tier.history import FILE_NAME
+    from .tier.resident import TierConfig
+    hist = args.tier_history
+    if hist == "":
+        hist = str(Path(model_dir) / FILE_NAME)
+    return TierConfig(budget_gb=args.tier_gb, rate=args.tier_rate, balance=not args.tier_no_balance,
+                      stream=args.tier_stream, history=hist)
 
 
 def _make_tiny(args) -> int:
@@ -137,11 +170,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-gate", action="store_true", help="draft every proposal in full (tests)")
     p.add_argument("--pstep", action="store_true", help="per-step confidence for the MTP head's drafts")
     p.add_argument("--config", default=None, help="a TOML file with spec_* keys (flags override it)")
+    p.add_argument("--tier-gb", type=float, default=None,
+                   help="expert tier: device memory for routed experts (default: all on the device)")
+    p.add_argument("--tier-rate", type=int, default=2, help="expert uploads per forward at most")
+    p.add_argument("--tier-no-balance", action="store_true", help="the same slots for every layer")
+    p.add_argument("--tier-stream", action="store_true",
+                   help="stream missing experts through the device instead of the CPU")
+    p.add_argument("--tier-history", nargs="?", const="", default=None,
+                   help="start from this usage history (default: expert_usage.json beside the "
+                        "model) and save it at the end")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-eos", action="store_true")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("plan", help="the memory plan")
+    p.add_argument("model")
+    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
+    p.add_argument("--budget-gb", type=float, default=None, help="the expert tier's budget")
+    p.add_argument("--snapshots", type=int, default=7)
+    p.add_argument("--drafts", type=int, default=7)
+    p.add_argument("--ctx", type=int, default=None)
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bench", help="verify-block cost T(n)/T(1), host share, decode tok/s")
@@ -166,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.cmd == "bench":
             return _bench(args)
+        if args.cmd == "plan":
+            return _plan(args)
     except (VkspecError, DeviceError) as e:   # one clear line, no traceback
         print(f"vkspec: {e}", file=sys.stderr)
         return 2

@@ -92,6 +92,7 @@ class Uploader:
     def __init__(self, dev):
         self.dev = dev
         self.fail_after: int | None = None
+        self.allocated = 0                    # bytes of the live tensors made here
 
     def _tick(self):
         if self.fail_after is not None:
@@ -102,11 +103,19 @@ class Uploader:
 
     def array(self, a: np.ndarray, kind: str = "storage"):
         self._tick()
-        return self.dev.tensor(np.ascontiguousarray(a), kind)
+        t = self.dev.tensor(np.ascontiguousarray(a), kind)
+        self.allocated += t.size() * 4
+        return t
 
     def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
         self._tick()
-        return self.dev.zeros(n, dtype, kind)
+        t = self.dev.zeros(n, dtype, kind)
+        self.allocated += t.size() * 4
+        return t
+
+    def release(self, t):
+        self.allocated -= t.size() * 4
+        t.destroy()
 
     def weight(self, w: QWeight) -> DevWeight:
         data = self.array(w.data)

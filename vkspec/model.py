@@ -410,9 +410,11 @@ def rope_tables(cfg: ModelConfig, ctx: int):
 
 
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
-               backend: str = "cpu", device_gb: float | None = None):
+               backend: str = "cpu", device_gb: float | None = None, tier=None):
     """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
-    dense chain). Both have the same interface and give the same bits."""
+    dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
+    routed experts on the device). Both have the same interface and give the
+    same bits."""
     from .config import load_config
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
@@ -424,5 +426,7 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     weights = Loader(cfg, ckpt, fmt).load(want_mtp)
     if backend == "vulkan":
         from .chain import VulkanModel
-        return VulkanModel(cfg, weights, ctx, budget_gb=device_gb)
+        return VulkanModel(cfg, weights, ctx, budget_gb=device_gb, tier=tier)
+    if tier is not None:
+        raise VkspecError("the expert tier needs --backend vulkan")
     return Model(cfg, weights, ctx)

@@ -6,7 +6,9 @@
 // its own accumulators, so row r's bits do not depend on how many rows ran.
 // ACC adds the result to y (the residual stream: x + gemv(w, h) in one pass).
 // ROUTED (the experts): invocation (m, pair) computes one row of expert
-// idx[pair]'s matrix for input row pair / x_div, into output row pair.
+// idx[pair]'s matrix (held in device slot slot_of[expert]) for input row
+// pair / x_div, into output row pair; a pair whose expert has no slot is
+// left alone (the expert tier computes it on the CPU).
 // Weights: W_F32 rows of float; W_Q8 int8 x per-row scale (4 per uint);
 // W_Q4 unsigned nibble - 8, x scale per 64 columns (8 per uint).
 #extension GL_GOOGLE_include_directive : require
@@ -24,6 +26,7 @@ layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 3) buffer Y { float y[]; };
 #ifdef ROUTED
 layout(std430, binding = 4) readonly buffer I { uint idx[]; };
+layout(std430, binding = 5) readonly buffer M { uint slot_of[]; };   // expert -> device slot
 #endif
 
 layout(push_constant) uniform Push {
@@ -72,7 +75,8 @@ void main() {
 #ifdef ROUTED
     uint pair = gl_GlobalInvocationID.y;
     if (pair >= p.nvec) return;
-    uint e = idx[p.idx_off + pair];
+    uint e = slot_of[idx[p.idx_off + pair]];
+    if (e == 0xffffffffu) return;
     w_base += e * p.w_expert;
     s_base += e * p.s_expert;
     nvec = 1u;

@@ -21,6 +21,7 @@ layout(push_constant) uniform Push {
     uint s_stride;
     uint g_stride;
     uint g_off;
+    uint w_off;     // first routing weight of these rows
 } p;
 
 void main() {
@@ -28,7 +29,7 @@ void main() {
     if (i >= p.rows * p.n) return;
     uint r = i / p.n, c = i % p.n;
     precise float acc = 0.0;
-    for (uint j = 0u; j < p.k; j++) acc = acc + y[(r * p.k + j) * p.y_stride + c] * wt[r * p.k + j];
+    for (uint j = 0u; j < p.k; j++) acc = acc + y[(r * p.k + j) * p.y_stride + c] * wt[p.w_off + r * p.k + j];
 #ifdef SHARED
     acc = acc + x_sigmoid(gate[r * p.g_stride + p.g_off]) * sh[r * p.s_stride + c];
 #endif

@@ -18,6 +18,7 @@ layout(push_constant) uniform Push {
     uint k;
     uint x_stride;
     uint normalize;
+    uint y_off;     // first output (the layer's rows of the routing buffers)
 } p;
 
 uint xb;
@@ -74,7 +75,7 @@ void main() {
     }
     for (uint j = 0u; j < p.k; j++) {
         precise float v = top[j] * scale;
-        idx[r * p.k + j] = taken[j];
-        wt[r * p.k + j] = p.normalize != 0u ? v : top[j];
+        idx[p.y_off + r * p.k + j] = taken[j];
+        wt[p.y_off + r * p.k + j] = p.normalize != 0u ? v : top[j];
     }
 }

@@ -1,0 +1,110 @@
+"""`vkspec plan MODEL`: the memory plan, from the same list of tensors the dense
+chain allocates (VulkanModel.memory_plan), so the two cannot drift apart.
+
+Figures (bytes):
+* dense weights: everything the trunk reads except routed experts;
+* routed experts: all of them, and the part the tier keeps on the device;
+* KV cache at the context length; the MTP head (its weights and KV cache);
+* recurrent state: the two regions every DeltaNet layer has, and the copy
+  slots (one slot = every DeltaNet layer's conv ring and state);
+* working buffers (activations, routing, step buffer, logits per row count);
+* host RAM: the weights the host keeps (the CPU path computes the experts the
+  device does not hold, and uploads them from there).
+"""
+
+from __future__ import annotations
+
+from .chain import VulkanModel
+from .config import load_config
+from .checkpoint import Checkpoint
+from .model import Loader, MoeW, has_mtp
+
+MiB = float(1 << 20)
+
+
+def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapshots: int = 7,
+         drafts: int = 7) -> dict:
+    cfg = load_config(model_dir)
+    ckpt = Checkpoint(model_dir)
+    mtp = has_mtp(ckpt)
+    w = Loader(cfg, ckpt, fmt).load(mtp)
+    slots = min(snapshots, drafts)
+    p = VulkanModel.planned(cfg, w, ctx, tier, slots=slots)
+    n_trunk = len(w.layers)
+
+    def layer_of(name):
+        part = name.split(":", 1)[1]
+        return int(part[5:].split(".")[0]) if part.startswith("layer") else None
+
+    fig = dict(dense_weights=0, routed_experts_on_device=0, kv_cache=0, mtp_head=0,
+               recurrent_state=0, working_buffers=0)
+    for name, b in p.items:
+        kind, li = name.split(":")[0], layer_of(name)
+        is_mtp = (li is not None and li >= n_trunk) or name in ("weights:mtp.fc",)
+        routed = kind == "experts" or (kind == "weights" and name.endswith(
+            (".gate_up", ".gate_up.scales", ".down", ".down.scales")) and li is not None
+            and isinstance(w.layers[li].ffn if li < n_trunk else None, MoeW))
+        if is_mtp:
+            fig["mtp_head"] += b
+        elif routed:
+            fig["routed_experts_on_device"] += b
+        elif kind == "weights" or kind == "rope":
+            fig["dense_weights"] += b
+        elif kind == "kv":
+            fig["kv_cache"] += b
+        elif kind == "state":
+            fig["recurrent_state"] += b
+        else:
+            fig["working_buffers"] += b
+    c = cfg
+    cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+    n_delta = sum(k == "linear_attention" for k in c.layer_types)
+    per_slot = n_delta * ((c.linear_conv_kernel_dim - 1) * cd
+                          + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim) * 4
+    experts_all = sum(int(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes())
+                      for lw in w.layers if isinstance(lw.ffn, MoeW) for e in lw.ffn.experts)
+    host = int(w.embed.nbytes) + sum(q.nbytes() for q in _qweights(w))
+    out = dict(model=str(model_dir), dtype=fmt, context=p_ctx(cfg, ctx), mtp=mtp,
+               snapshots=snapshots, drafts=drafts, copy_slots=slots,
+               copy_slot_bytes=per_slot, copy_slots_bytes=per_slot * slots,
+               routed_experts=experts_all,
+               tier_budget=None if tier is None else int(tier.budget_gb * (1 << 30)),
+               device_total=p.total, host_ram=host + (experts_all if tier is not None else 0), **fig)
+    return out
+
+
+def p_ctx(cfg, ctx):
+    return ctx or min(cfg.max_position_embeddings, 4096)
+
+
+def _qweights(obj, seen=None):
+    from .quant import QWeight
+    seen = seen if seen is not None else set()
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, QWeight):
+        return [obj]
+    items = obj if isinstance(obj, list) else getattr(obj, "__dict__", {}).values()
+    out = []
+    for v in items:
+        if isinstance(v, (list, QWeight)) or hasattr(v, "__dataclass_fields__"):
+            out += _qweights(v, seen)
+    return out
+
+
+def table(d: dict) -> str:
+    rows = [("dense weights", d["dense_weights"]),
+            ("routed experts (all)", d["routed_experts"]),
+            ("routed experts on the device", d["routed_experts_on_device"]),
+            (f"KV cache at {d['context']} tokens", d["kv_cache"]),
+            ("MTP head (weights + KV)", d["mtp_head"]),
+            ("recurrent state (2 regions)", d["recurrent_state"] - d["copy_slots_bytes"]),
+            (f"recurrent copy slots ({d['copy_slots']} x {d['copy_slot_bytes'] / MiB:.3f} MiB)",
+             d["copy_slots_bytes"]),
+            ("working buffers", d["working_buffers"]),
+            ("device total", d["device_total"]),
+            ("tier budget", d["tier_budget"]),
+            ("host RAM (weights kept on the host)", d["host_ram"])]
+    w = max(len(r[0]) for r in rows)
+    return "\n".join(f"{name:<{w}}  " + ("-" if b is None else f"{b / MiB:10.3f} MiB") for name, b in rows)

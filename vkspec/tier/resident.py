@@ -1,0 +1,253 @@
+"""The expert tier on the device: slots, the expert -> slot map, uploads, and
+the host's share of a forward.
+
+Terms:
+* hit: a routed pair (row, expert) whose expert holds a slot: the device
+  computes it in the chain.
+* miss: the others. The host computes them on the CPU path between two
+  segments of the recorded forward (after the layer's routing, before its
+  experts run) and uploads the rows; with ``stream`` it uploads the expert
+  into a stream slot instead and the device computes it.
+Either way each pair's result has the same bits, and moe_combine sums the
+pairs in routing order, so placement never changes output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..backends import cpu
+from ..devmem import DevWeight
+from ..errors import VkspecError
+from .history import History
+from .policy import Placement, split_slots
+
+NO_SLOT = 0xFFFFFFFF
+PARTS = ("gate_up", "down")
+
+
+@dataclass
+class TierConfig:
+    budget_gb: float = 0.0          # device memory for routed experts
+    rate: int = 2                   # uploads per forward at most
+    balance: bool = True            # slots to layers by their usage
+    stream: bool = False            # misses stream through the device instead of the CPU
+    history: str | None = None      # a usage history to start from (JSON)
+
+
+@dataclass
+class TierStats:
+    pairs: int = 0
+    hits: int = 0
+    cpu: int = 0
+    streamed: int = 0
+    uploads: int = 0
+    upload_s: float = 0.0
+    host_s: float = 0.0
+    forwards: int = 0
+    per_layer: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(pairs=self.pairs, hits=self.hits, hit_rate=self.hits / self.pairs if self.pairs else 0.0,
+                    cpu=self.cpu, streamed=self.streamed, uploads=self.uploads,
+                    upload_ms_per_forward=1e3 * self.upload_s / max(self.forwards, 1),
+                    host_ms_per_forward=1e3 * self.host_s / max(self.forwards, 1))
+
+
+class ExpertTier:
+    def __init__(self, chain, cfg: TierConfig):
+        self.chain, self.cfg = chain, cfg
+        c = chain.cfg
+        self.E, self.k = c.num_experts, max(c.num_experts_per_tok, 1)
+        # trunk MoE layers: (index in chain.fused, ordinal)
+        self.layer_ids = [i for i, lw in enumerate(chain.w.layers) if c.is_moe_layer(i)]
+        self.n_layers = len(self.layer_ids)
+        if not self.n_layers:
+            raise VkspecError("--tier-gb needs a model with routed experts")
+        self.history = History(self.n_layers, self.E)
+        if cfg.history and Path(cfg.history).exists():
+            self.history = History.load(Path(cfg.history), self.n_layers, self.E)
+        f0 = chain.fused[self.layer_ids[0]][2]
+        self.expert_bytes = sum(int(f0[p].data.nbytes + f0[p].scales.nbytes) // self.E for p in PARTS)
+        total = int(cfg.budget_gb * (1 << 30)) // self.expert_bytes if self.expert_bytes else 0
+        self.caps = split_slots(total, self.history.counts, self.E, cfg.balance)
+        self.placement = Placement(self.caps, self.E, cfg.rate)
+        self.extra = self.k * chain.max_rows if cfg.stream else 0    # stream slots per layer
+        self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])
+        self.layers: dict[int, dict] = {}        # ordinal -> L of the chain
+        self._staging = None
+        self._algos: dict = {}
+        self._streamed: set[int] = set()
+
+    # --- the plan -------------------------------------------------------------------
+    def holds(self, i: int, part: str) -> bool:
+        return i in self.layer_ids and part in PARTS
+
+    def holds_layer(self, L) -> bool:
+        """Does this layer need the host between its routing and its experts?"""
+        o = L.get("tier_ord")
+        return o is not None and (self.caps[o] < self.E or self.cfg.stream)
+
+    def slots(self, i: int) -> int:
+        return max(1, self.caps[self.layer_ids.index(i)] + self.extra)
+
+    def plan_items(self, i: int, part: str):
+        q = self.chain.fused[i][2][part]
+        n = self.slots(i)
+        return [(f"experts:layer{i}.{part}", int(q.data.nbytes) // self.E * n),
+                (f"experts:layer{i}.{part}.scales", max(int(q.scales.nbytes) // self.E * n, 4))]
+
+    def staging_items(self):
+        """The host-visible buffer uploads go through: the largest batch of a forward."""
+        if not any(self.caps) and not self.extra:
+            return []                                  # nothing is ever uploaded
+        per = max(self.cfg.rate, self.extra)
+        return [("experts:staging", max(per * self.expert_bytes, 4))]
+
+    # --- building ---------------------------------------------------------------------
+    def build_layer(self, i: int, L):
+        o = self.layer_ids.index(i)
+        L["tier_ord"] = o
+        self.layers[o] = L
+        up, n = self.chain.up, self.slots(i)
+        for part in PARTS:
+            q = self.chain.fused[i][2][part]
+            rows = q.rows // self.E
+            words = int(q.data.shape[1])
+            spr = int(q.scales.size // q.rows) if q.scales.size else 0
+            L["ffn"][part] = DevWeight(q.fmt, rows * n, q.cols_p, q.variant,
+                                       up.zeros(rows * n * words, np.uint32),
+                                       up.zeros(max(rows * n * spr, 1), np.float32), words, spr)
+        L["smap"].data()[:] = NO_SLOT
+
+    def start(self):
+        self._upload(self.placement.initial(self.history.counts))
+        for o in self.layers:
+            self._set_map(o)
+        self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])   # forwards only
+
+    # --- uploads ----------------------------------------------------------------------
+    def _expert_words(self, o: int, e: int):
+        """(device tensor, uint32 words, words per slot) of each piece of expert e of layer o."""
+        i = self.layer_ids[o]
+        out = []
+        for part in PARTS:
+            q = self.chain.fused[i][2][part]
+            rows = q.rows // self.E
+            dw = self.layers[o]["ffn"][part]
+            out.append((dw.data, np.ascontiguousarray(q.data[e * rows:(e + 1) * rows]).view(np.uint32).ravel(),
+                        rows * dw.words_per_row))
+            if q.scales.size:
+                sc = np.ascontiguousarray(q.scales[e * rows:(e + 1) * rows]).reshape(-1)
+                out.append((dw.scales, sc.view(np.uint32), rows * dw.scales_per_row))
+        return out
+
+    def _upload(self, moves):
+        """Copy experts into slots, (layer, slot, expert) each, one submission per
+        staging buffer's worth."""
+        per = max(self.cfg.rate, self.extra, 1)
+        for i in range(0, len(moves), per):
+            self._upload_batch(moves[i:i + per])
+
+    def _upload_batch(self, moves):
+        if not moves:
+            return
+        from ..device import load_shader
+        t0 = time.perf_counter()
+        dev, kp = self.chain.dev, self.chain.kp
+        pieces = [(dst, words, slot * per) for o, slot, e in moves
+                  for dst, words, per in self._expert_words(o, e)]
+        need = sum(w.size for _, w, _ in pieces)
+        if self._staging is None or self._staging.size() < need:
+            if self._staging is not None:
+                self.chain.up.release(self._staging)
+            size = max(need, self.staging_items()[0][1] // 4)
+            self._staging = self.chain.up.zeros(size, np.uint32, "device")
+            self._algos = {}
+        buf, copy = self._staging.data(), load_shader("fill", "copy")
+        seq = dev.sequence()
+        seq.record(kp.OpTensorSyncDevice([self._staging]))
+        off = 0
+        for dst, words, dst_off in pieces:
+            buf[off:off + words.size] = words
+            if id(dst) not in self._algos:
+                self._algos[id(dst)] = dev.record_fill(dev.sequence(), self._staging, dst, words.size)
+            seq.record(kp.OpAlgoDispatch(self._algos[id(dst)],
+                                         copy.pack(dict(n=words.size, x_off=off, y_off=dst_off))))
+            off += words.size
+        seq.eval()
+        self.stats.uploads += len(moves)
+        self.stats.upload_s += time.perf_counter() - t0
+
+    def _set_map(self, o: int, extra: dict | None = None):
+        """The expert -> slot map the shaders read: the resident experts (and
+        this forward's streamed ones)."""
+        smap = self.layers[o]["smap"].data()
+        smap[:] = NO_SLOT
+        for e, sl in {**self.placement.resident(o), **(extra or {})}.items():
+            smap[e] = sl
+        self.chain.dev.upload(self.layers[o]["smap"])
+
+    # --- a forward --------------------------------------------------------------------
+    def host_step(self, L, n: int):
+        o, k = L["tier_ord"], self.k
+
+        def run():
+            t0 = time.perf_counter()
+            s = self.chain.s
+            off = L["moe_i"] * self.chain.max_rows * k
+            idx = s["ridx"].data()[off:off + n * k].astype(np.int64)
+            smap = L["smap"].data()
+            missing = [p for p in range(n * k) if smap[idx[p]] == NO_SLOT]
+            if missing and self.cfg.stream:
+                self._stream(o, sorted({int(idx[p]) for p in missing}))
+            elif missing:
+                H, Hp = self.chain.cfg.hidden_size, self.chain._dims()["Hp"]
+                h = s["h"].data()[:n * Hp].reshape(n, Hp)[:, :H]
+                ed = s["ed"].data()
+                experts = self.chain.w.layers[self.layer_ids[o]].ffn.experts
+                for p in missing:
+                    w = experts[int(idx[p])]
+                    x = h[p // k]
+                    ed[p * H:(p + 1) * H] = cpu.gemv(w.down, cpu.silu_mul(cpu.gemv(w.gate, x), cpu.gemv(w.up, x)))
+                self.stats.cpu += len(missing)
+            self.stats.host_s += time.perf_counter() - t0
+        return run
+
+    def _stream(self, o: int, experts: list[int]):
+        """This forward's missing experts into the stream slots past the layer's cap."""
+        base = self.caps[o]
+        moves = [(o, base + j, e) for j, e in enumerate(experts)]
+        self._upload(moves)
+        self._set_map(o, {e: sl for _, sl, e in moves})
+        self._streamed.add(o)
+        self.stats.streamed += len(experts)
+
+    def after_forward(self, n: int):
+        """Count the routing of every row, restore stream maps, take this forward's uploads."""
+        s, k = self.chain.s, self.k
+        ridx = s["ridx"].data()
+        for o, L in self.layers.items():
+            off = L["moe_i"] * self.chain.max_rows * k
+            idx = ridx[off:off + n * k].astype(np.int64)
+            res = self.placement.resident(o)
+            hits = sum(int(e) in res for e in idx)
+            self.stats.pairs += idx.size
+            self.stats.hits += hits
+            self.stats.per_layer[o][0] += idx.size
+            self.stats.per_layer[o][1] += hits
+            for r in range(n):
+                self.history.add(o, idx[r * k:(r + 1) * k])
+        moves = self.placement.step(self.history.counts)
+        self._upload(moves)
+        for o in self._streamed | {m[0] for m in moves}:
+            self._set_map(o)
+        self._streamed = set()
+        self.stats.forwards += 1
+
+    def save_history(self, path):
+        self.history.save(Path(path))
