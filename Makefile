@@ -29,6 +29,7 @@ bench: setup
 	$(VENV)/bin/python tests/bench/bench_decode.py
 	$(VENV)/bin/python tests/bench/bench_chain.py
 	$(VENV)/bin/python tests/bench/bench_spec.py
+	$(VENV)/bin/python tests/bench/bench_tier.py
 
 shaders: setup
 	$(VENV)/bin/python vkspec/shaders/build.py

@@ -223,3 +223,12 @@ def test_cli_device_budget_is_one_line(vk, tiny_dir):
                   "--device-gb", "0.0001")
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "over the budget" in res.stderr
+
+
+def test_a_wider_model(vk, tmp_path):
+    """Wider than the tiny default (more experts, heads, vocabulary): the same bits."""
+    d = make_tiny(tmp_path, seed=9, mtp=True, hidden=192, vocab=2048, experts=8, top_k=2, heads=6,
+                  kv_heads=2, head_dim=32, dk=32, dv=32, inter=256, moe_inter=64, shared=128)
+    cpu, dev = load_model(d, fmt="int8"), load_model(d, fmt="int8", backend="vulkan")
+    rc, rv = generate(cpu, prompt(19, seed=4), 24), generate(dev, prompt(19, seed=4), 24)
+    assert rv.tokens == rc.tokens and rv.digest == rc.digest

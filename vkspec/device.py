@@ -120,7 +120,9 @@ class Device:
                 .record(self.kp.OpTensorCopy([stage, t])).eval()
             stage.destroy()
             return t
-        return self.mgr.tensor_t(data, self.kp.TensorTypes.device)
+        t = self.mgr.tensor_t(data, self.kp.TensorTypes.device)
+        self.upload(t)                 # kp fills only the host copy of a device tensor
+        return t
 
     def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
         """A tensor of n zero words; storage tensors are zeroed on the device
