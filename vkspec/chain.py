@@ -603,6 +603,37 @@ class VulkanModel:
         self._algos = {k: a for k, a in self._algos.items() if not old & set(k[1])}
         self.regions, st.live, st.block = regions, 0, None
 
+    def snapshot(self, st: DeviceState) -> State:
+        """A host copy of the state (KV rows up to the watermark, the MTP head's
+        rows just past it, the live recurrent state), for :meth:`restore`."""
+        snap = self.read_state(st)
+        if self.w.mtp is not None:
+            L, d = self.layers[-1], self._dims()
+            rows = min(self.ctx, st.kv_len + MAX_ROWS)
+            n = rows * d["nkv"] * d["hd"]
+            snap.mtp_k = self.dev.read(L["kc"], 0, n).reshape(rows, d["nkv"], d["hd"])
+            snap.mtp_v = self.dev.read(L["vc"], 0, n).reshape(rows, d["nkv"], d["hd"])
+        return snap
+
+    def restore(self, st: DeviceState, snap: State):
+        """Make st hold a snapshot's state (st stays this model's live state)."""
+        self._check(st)
+        trunk = [L for L in self.layers[:len(self.w.layers)]]
+        attn = [L for L in trunk if L["kind"] == "full_attention"]
+        delta = [L for L in trunk if L["kind"] != "full_attention"]
+        for L, k, v in zip(attn, snap.kv_k, snap.kv_v):
+            self.dev.write(L["kc"], 0, np.asarray(k)[:snap.kv_len])
+            self.dev.write(L["vc"], 0, np.asarray(v)[:snap.kv_len])
+        for L, conv, ssm in zip(delta, snap.conv, snap.ssm):
+            w = L["ring"].size() // self.regions
+            self.dev.write(L["ring"], st.live * w, conv)
+            w = L["ssm"].size() // self.regions
+            self.dev.write(L["ssm"], st.live * w, ssm)
+        if self.w.mtp is not None and snap.mtp_k is not None:
+            self.dev.write(self.layers[-1]["kc"], 0, snap.mtp_k)
+            self.dev.write(self.layers[-1]["vc"], 0, snap.mtp_v)
+        st.kv_len, st.block = snap.kv_len, None
+
     def read_state(self, st: DeviceState) -> State:
         """The live state as host arrays (KV rows up to the watermark) - for tests."""
         self._check(st)

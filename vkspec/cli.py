@@ -125,6 +125,50 @@ def _tier(args, model_dir):
                       stream=args.tier_stream, history=hist)
 
 
+def _serve(args) -> int:
+    import uvicorn
+    from .model import load_model
+    from .serve.app import create_app
+    from .serve.engine import Engine
+    from .serve.text import chat_template
+    from .spec import SpecConfig
+    from .spec.sources import build, save_vocab
+    from .tokenizer import load_tokenizer
+    cfg = SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
+                          spec_mtp_recurrent_snapshots=args.snapshots,
+                          spec_mtp_fr_vocab_size=args.mtp_vocab, spec_gate=False if args.no_gate else None)
+    tier = _tier(args, args.model)
+    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
+                       mtp=(True if cfg.spec_mode == "mtp" else None) if cfg.spec_mode in ("mtp", "auto")
+                       else False, tier=tier, ctx=args.ctx)
+    try:
+        tok = load_tokenizer(args.model)
+    except Exception:
+        tok = None
+    sources, gate = build(model, cfg, args.model)
+    engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
+                    eos=set(model.cfg.eos_token_id))
+    name = Path(args.model).name
+    app = create_app(engine, tok, name, chat_template(args.model))
+    print(f"[vkspec serve] {name} on http://{args.host}:{args.port} ({args.backend}, {args.dtype}, "
+          f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
+    import signal
+
+    def on_term(signum, frame):     # uvicorn shuts down, then re-raises the signal to this handler
+        raise SystemExit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except SystemExit:
+        pass
+    finally:
+        save_vocab(sources)
+        if tier is not None and tier.history:
+            model.tier.save_history(tier.history)
+        print("[vkspec serve] stopped; counts saved", file=sys.stderr, flush=True)
+    return 0
+
+
 def _make_tiny(args) -> int:
     from .tiny import make_tiny
     out = make_tiny(Path(args.dir), seed=args.seed, mtp=args.mtp, experts=args.experts, echo=args.echo,
@@ -186,6 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-eos", action="store_true")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    p.add_argument("model")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
+    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
+    p.add_argument("--device-gb", type=float, default=None)
+    p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None)
+    p.add_argument("--drafts", type=int, default=None)
+    p.add_argument("--snapshots", type=int, default=None)
+    p.add_argument("--mtp-vocab", type=int, default=None)
+    p.add_argument("--no-gate", action="store_true")
+    p.add_argument("--config", default=None)
+    p.add_argument("--tier-gb", type=float, default=None)
+    p.add_argument("--tier-rate", type=int, default=2)
+    p.add_argument("--tier-no-balance", action="store_true")
+    p.add_argument("--tier-stream", action="store_true")
+    p.add_argument("--tier-history", nargs="?", const="", default=None)
+
     p = sub.add_parser("plan", help="the memory plan")
     p.add_argument("model")
     p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
@@ -219,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.cmd == "plan":
             return _plan(args)
+        if args.cmd == "serve":
+            return _serve(args)
     except (VkspecError, DeviceError) as e:   # one clear line, no traceback
         print(f"vkspec: {e}", file=sys.stderr)
         return 2

@@ -158,6 +158,18 @@ class Device:
         out.destroy()
         return data
 
+    def write(self, t, offset: int, data: np.ndarray):
+        """Write words offset.. of any tensor, through a temporary staging tensor."""
+        words = np.ascontiguousarray(data).reshape(-1).view(np.uint32)
+        if not words.size:
+            return
+        src = self.mgr.tensor_t(words.copy(), self.kp.TensorTypes.device)
+        seq = self.sequence()
+        seq.record(self.kp.OpTensorSyncDevice([src]))
+        self.record_fill(seq, src, t, words.size, dst_off=offset)
+        seq.eval()
+        src.destroy()
+
     # --- algorithms ------------------------------------------------------
     def algorithm(self, shader: Shader, tensors, groups: int | tuple, push: dict | None = None):
         wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)

@@ -382,6 +382,27 @@ class Model:
             st.set_recurrent(kept[keep - 1] if keep else before)
         st.kv_len = kv0 + keep
 
+    def snapshot(self, st: State) -> State:
+        """A copy of the state (KV rows up to kv_len, the MTP head's rows just
+        past it, the recurrent state), for :meth:`restore`."""
+        rows = min(self.ctx, st.kv_len + 8)
+        conv, ssm = st.recurrent_copy()
+        snap = State([k[:st.kv_len].copy() for k in st.kv_k], [v[:st.kv_len].copy() for v in st.kv_v],
+                     conv, ssm, kv_len=st.kv_len)
+        if st.mtp_k is not None:
+            snap.mtp_k, snap.mtp_v = st.mtp_k[:rows].copy(), st.mtp_v[:rows].copy()
+        return snap
+
+    def restore(self, st: State, snap: State):
+        for dst, src in zip(st.kv_k + st.kv_v, snap.kv_k + snap.kv_v):
+            dst[:len(src)] = src
+        st.set_recurrent((snap.conv, snap.ssm))
+        if snap.mtp_k is not None:
+            st.mtp_k[:len(snap.mtp_k)] = snap.mtp_k
+            st.mtp_v[:len(snap.mtp_v)] = snap.mtp_v
+        st.kv_len = snap.kv_len
+        st.extra.pop("block", None)
+
     # --- the MTP head -------------------------------------------------------
     def mtp_forward(self, hidden, next_tokens, st: State, positions):
         """One row per (h_t, token t+1): fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]),

@@ -131,6 +131,9 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
 
 
 CYCLE = 8
+# a small ChatML-like template, so the tiny models serve /v1/chat/completions
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 def cycle_next(t):
@@ -166,4 +169,7 @@ def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, **kw) -> Path:
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     make_tokenizer(cfg["vocab_size"]).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|endoftext|>",
+        "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     return out

@@ -23,36 +23,43 @@ class Cancelled(Exception):
 
 
 def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7, stop=None,
-                  cancel=None, block=None, state=None) -> Result:
+                  cancel=None, block=None, state=None, fed=0, on_token=None) -> Result:
     """n tokens after the prompt (fewer if a stop token comes). The prompt is
     fed in blocks of ``block`` rows (the backend's largest by default: a row's
     bits do not depend on its block). ``cancel(tokens_so_far)`` returning true
     cancels mid-round (the state of the last commit comes back; the exception
-    carries the committed tokens). ``state``: a fresh model state to use."""
+    carries the committed tokens). ``state``: the model state to use, which
+    already holds the first ``fed`` prompt tokens (a reused prefix; the draft
+    sources' own state must match it). ``on_token(tok, logits_row)`` sees each
+    emitted token and the row it was picked from; returning true ends the run
+    after that token (a stop string)."""
     if not prompt:
         raise ValueError("empty prompt")
     block = block or model.max_rows
     st, out, counters = state or model.new_state(), [], Counters()
+    if st.kv_len != fed or fed >= len(prompt):
+        raise ValueError(f"the state holds {st.kv_len} rows, the reused prefix is {fed} of {len(prompt)}")
     history = list(prompt)
     t0 = time.perf_counter()
     for src in sources:
-        src.begin(model, st, prompt)
-    for i in range(0, len(prompt), block):
+        src.begin(model, st, prompt, fed)
+    for i in range(fed, len(prompt), block):
         rows = prompt[i:i + block]
         hidden, logits = model.forward(rows, st, logits_rows="last")
         for src in sources:
             src.observe(rows, hidden, i)
     t1 = time.perf_counter()
-    state = dict(cap=gate.k_max if gate else 0, fed=False)
+    state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
 
-    def emit(tok):
+    def emit(tok, row):
         out.append(tok)
         for src in sources:
             if hasattr(src, "picked"):
                 src.picked(tok)
+        state["ended"] = bool(on_token and on_token(tok, row))
 
     def done(tok):
-        return len(out) >= n or (stop is not None and tok in stop)
+        return len(out) >= n or (stop is not None and tok in stop) or state["ended"]
 
     def round_(pick):
         """Feed `pick` and its drafts; emit the accepted drafts and one more pick."""
@@ -72,7 +79,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             if cancel is not None and cancel(len(out)):
                 raise Cancelled(f"cancelled after {len(out)} tokens")
             tok = sampler.pick(logits[i])
-            emit(tok)
+            emit(tok, logits[i])
             if i < len(drafts) and tok == drafts[i] and not done(tok):
                 i += 1
                 continue
@@ -126,7 +133,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         counters.__dict__.update(saved_counters.__dict__)
 
     tok, last = sampler.pick(logits[-1]), logits[-1]
-    emit(tok)
+    emit(tok, last)
     while not done(tok):
         state["fed"] = False
         commit = (len(out), len(history), sampler.state(), [s.checkpoint() for s in sources],

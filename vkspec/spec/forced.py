@@ -37,9 +37,9 @@ class ForcedDrafts:
         self.name = inner.name
         self.verifies = 0
 
-    def begin(self, model, state, prompt):
+    def begin(self, model, state, prompt, fed=0):
         self.prompt_len = len(prompt)
-        self.inner.begin(model, state, prompt)
+        self.inner.begin(model, state, prompt, fed)
 
     def observe(self, tokens, hidden, start_pos):
         self.inner.observe(tokens, hidden, start_pos)

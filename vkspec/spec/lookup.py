@@ -30,7 +30,7 @@ class PromptLookup:
         self.max_drafts = min(max_drafts, 5)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def begin(self, model, state, prompt):
+    def begin(self, model, state, prompt, fed=0):
         pass
 
     def observe(self, tokens, hidden, start_pos):

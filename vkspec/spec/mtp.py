@@ -33,10 +33,13 @@ class MtpDrafts:
         self.h_last: np.ndarray | None = None
         self.absorbed = -1                      # last position whose head row is settled
 
-    def begin(self, model, state, prompt):
+    def begin(self, model, state, prompt, fed=0):
+        """A request starts; with fed > 0 the state (and this source's own, restored
+        by the caller) already holds the first fed prompt tokens."""
         self.state = state
-        self.pending, self.h_last, self.absorbed = [], None, -1
-        self.vocab.begin(prompt)
+        if not fed:
+            self.pending, self.h_last, self.absorbed = [], None, -1
+        self.vocab.begin(prompt, fed)
 
     def observe(self, tokens, hidden, start_pos):
         """Rows that stood in the trunk: tokens at start_pos.., their hidden states."""

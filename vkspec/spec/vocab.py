@@ -97,9 +97,11 @@ class DraftVocab:
             self.member, self.ids = member, np.flatnonzero(member)
         self.sizes.append(int(self.ids.size))
 
-    def begin(self, prompt):
-        self.conversation |= set(int(t) for t in prompt)
-        for t in prompt:
+    def begin(self, prompt, fed: int = 0):
+        """A request: its tokens are the conversation; those past a reused
+        prefix count."""
+        self.conversation = set(int(t) for t in prompt)
+        for t in prompt[fed:]:
             self._count(int(t))
         self.rebuild()
 

@@ -1,0 +1,141 @@
+"""One model, many clients: turns run one at a time on the model's state.
+
+Terms:
+* **fed**: the tokens a state holds (a turn leaves prompt + reply minus its
+  last token: the last pick is never fed, and drafts a turn ended with were
+  undone).
+* **prefix reuse**: a turn starts from the saved state whose fed tokens are
+  the longest proper prefix of its prompt (the live state, a recent turn's
+  saved snapshot, or a pin) and feeds only the rest. A state's bits do not
+  depend on how its rows were fed, so reuse never changes output.
+* **pin**: a named prompt whose state is kept until unpinned.
+A turn cancelled mid-round (a client that went away) leaves the state of its
+last commit, which is what gets saved.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from ..sampling import Sampler
+from ..spec.decode import Cancelled, generate_spec
+
+
+@dataclass
+class Saved:
+    fed: tuple
+    snap: object
+    sources: list
+
+
+@dataclass
+class Turn:
+    tokens: list[int] = field(default_factory=list)
+    finish: str = "length"
+    reused: int = 0
+    counters: object = None
+    cancelled: bool = False
+
+
+class Engine:
+    def __init__(self, model, tokenizer, sources, gate, snapshots: int = 7, cache_size: int = 16,
+                 eos: set[int] | None = None, name: str = "vkspec"):
+        self.model, self.tokenizer, self.sources, self.gate = model, tokenizer, sources, gate
+        self.snapshots, self.cache_size, self.eos, self.name = snapshots, cache_size, eos or set(), name
+        self.lock = threading.Lock()
+        self.state = model.new_state()
+        self.live: tuple | None = ()                 # fed tokens of the live state (None: unknown)
+        self.cache: OrderedDict[tuple, Saved] = OrderedDict()
+        self.pins: dict[str, Saved] = {}
+        self.turns = 0
+
+    @property
+    def ctx(self) -> int:
+        return self.model.ctx
+
+    # --- sessions -----------------------------------------------------------------
+    def _save(self) -> Saved:
+        return Saved(self.live, self.model.snapshot(self.state), [s.checkpoint() for s in self.sources])
+
+    def _load(self, saved: Saved):
+        self.model.restore(self.state, saved.snap)
+        for s, ck in zip(self.sources, saved.sources):
+            s.restore(ck)
+        self.live = saved.fed
+
+    def _start(self, prompt: list[int]) -> int:
+        """Bring the live state to the longest saved proper prefix; its length."""
+        p = tuple(prompt)
+        best, best_len = None, -1
+        cands = [(self.live, None)] if self.live is not None else []
+        cands += [(k, v) for k, v in self.cache.items()] + [(v.fed, v) for v in self.pins.values()]
+        for fed, saved in cands:
+            if len(fed) < len(p) and p[:len(fed)] == fed and len(fed) > best_len:
+                best, best_len = (fed, saved), len(fed)
+        if best is None or best_len == 0:
+            self.state = self.model.new_state()
+            self.live = ()
+            return 0
+        fed, saved = best
+        if saved is not None and fed != self.live:
+            self._load(saved)
+        return len(fed)
+
+    def pin(self, name: str, prompt: list[int]) -> int:
+        """Feed a prompt and keep its state under a name."""
+        with self.lock:
+            fed = self._start(prompt + [0]) if prompt else 0
+            fed = min(fed, len(prompt))
+            if fed < len(prompt):
+                if fed == 0:
+                    self.state = self.model.new_state()
+                for i in range(fed, len(prompt), self.model.max_rows):
+                    rows = prompt[i:i + self.model.max_rows]
+                    hidden, _ = self.model.forward(rows, self.state, logits_rows="last")
+                    for s in self.sources:
+                        s.observe(rows, hidden, i)
+                self.live = tuple(prompt)
+            self.pins[name] = self._save()
+            return len(prompt)
+
+    def unpin(self, name: str) -> bool:
+        with self.lock:
+            return self.pins.pop(name, None) is not None
+
+    # --- a turn ---------------------------------------------------------------------
+    def run(self, prompt: list[int], max_tokens: int, sampler: Sampler, on_token=None,
+            cancelled=None) -> Turn:
+        """Generate up to max_tokens after prompt. on_token(tok, logits_row) -> True
+        ends the turn (a stop string); cancelled() -> True cancels it."""
+        with self.lock:
+            turn = Turn()
+            t0 = time.perf_counter()
+            try:
+                turn.reused = self._start(prompt)
+                res = generate_spec(self.model, prompt, max_tokens, sampler, self.sources, self.gate,
+                                    snapshots=self.snapshots, stop=self.eos, state=self.state,
+                                    fed=turn.reused, on_token=on_token,
+                                    cancel=(lambda _: cancelled()) if cancelled else None)
+                turn.tokens, turn.counters = res.tokens, res.counters
+                turn.finish = "stop" if (res.tokens and res.tokens[-1] in self.eos) else "length"
+            except Cancelled as e:
+                turn.tokens, turn.cancelled = list(e.tokens), True
+            except BaseException:
+                self.live = None                 # unknown: the next turn starts afresh
+                raise
+            self.live = tuple(prompt) + tuple(turn.tokens[:-1])
+            self.cache[self.live] = self._save()
+            self.cache.move_to_end(self.live)
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+            self.turns += 1
+            c = turn.counters
+            line = c.line(len(turn.tokens)) if c is not None else "cancelled"
+            print(f"[vkspec serve] turn {self.turns}: prompt {len(prompt)} (reused {turn.reused}), "
+                  f"{len(turn.tokens)} tokens, {line}, {time.perf_counter() - t0:.3f} s",
+                  file=sys.stderr, flush=True)
+            return turn
