@@ -86,9 +86,15 @@ def _bench(args) -> int:
     from . import bench
     from .model import load_model
     if not args.verify_cost:
-        print("vkspec: bench needs --verify-cost (the speculative benchmark comes with issue 7)",
-              file=sys.stderr)
-        return 2
+        from .bench_spec import run, table
+        rows = run(args.model, backends=args.backends.split(","), modes=args.modes.split(","), n=args.n,
+                   dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out)
+        if args.json:
+            print(json.dumps([{k: v for k, v in r.items() if k != "text"} for r in rows]))
+        else:
+            print(table(rows, args.model, args.n))
+            print(f"\n(written: {args.out}/bench.md, bench.json, bench.png)", file=sys.stderr)
+        return 0 if all(r.get("identical") in (True, None) for r in rows) else 1
     model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
     out = bench.run(model, reps=args.reps)
     out["dtype"] = args.dtype
@@ -259,10 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=None)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("bench", help="verify-block cost T(n)/T(1), host share, decode tok/s")
+    p = sub.add_parser("bench", help="the speculative benchmark (a table and a PNG), or --verify-cost")
     p.add_argument("model")
-    p.add_argument("--verify-cost", action="store_true")
+    p.add_argument("--verify-cost", action="store_true",
+                   help="T(n)/T(1) of verify blocks, host share and decode tok/s of one backend")
     p.add_argument("--backend", choices=["cpu", "vulkan"], default="vulkan")
+    p.add_argument("--backends", default="cpu,vulkan")
+    p.add_argument("--modes", default="off,lookup,mtp,auto")
+    p.add_argument("--prompts", default="code-edit,chat")
+    p.add_argument("-n", type=int, default=96)
+    p.add_argument("--out", default="out/bench")
     p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
     p.add_argument("--device-gb", type=float, default=None)
     p.add_argument("--reps", type=int, default=9)

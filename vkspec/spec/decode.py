@@ -48,6 +48,9 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         hidden, logits = model.forward(rows, st, logits_rows="last")
         for src in sources:
             src.observe(rows, hidden, i)
+    for src in sources:
+        if hasattr(src, "prefilled"):
+            src.prefilled()
     t1 = time.perf_counter()
     state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
 

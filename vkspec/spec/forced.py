@@ -44,6 +44,10 @@ class ForcedDrafts:
     def observe(self, tokens, hidden, start_pos):
         self.inner.observe(tokens, hidden, start_pos)
 
+    def prefilled(self):
+        if hasattr(self.inner, "prefilled"):
+            self.inner.prefilled()
+
     def picked(self, tok):
         if hasattr(self.inner, "picked"):
             self.inner.picked(tok)

@@ -49,6 +49,14 @@ class MtpDrafts:
                 self.pending.append((self.h_last, int(t), p))
             self.h_last = np.asarray(hidden[r], np.float32)
 
+    def prefilled(self):
+        """The prompt is in: the head reads its rows now (part of the time to
+        first token), not at the first draft."""
+        if len(self.pending) > 1:
+            self._head(self.pending)
+            self.absorbed = self.pending[-1][2]
+            self.pending = []
+
     def picked(self, tok: int):
         self.vocab.picked(tok)
 

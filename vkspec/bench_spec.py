@@ -1,0 +1,148 @@
+"""`vkspec bench MODEL`: the speculative benchmark users read.
+
+Runs plain decoding and each draft source (lookup, the MTP head when the model
+has one, auto = both under the gate) on each backend, over a code-edit prompt
+and a chat prompt, and reports per run: tokens per forward, acceptance
+overall and by position, decode tok/s, time to first token, and whether the
+text equals plain decoding's on that backend. Writes a markdown table and a
+PNG plot; a progress bar runs on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+CODE = '''def summarize(orders):
+    total = 0
+    count = 0
+    largest = None
+    for order in orders:
+        if order.get("cancelled"):
+            continue
+        amount = order["price"] * order["quantity"]
+        total += amount
+        count += 1
+        if largest is None or amount > largest:
+            largest = amount
+    average = total / count if count else 0.0
+    report = {
+        "total": total,
+        "count": count,
+        "average": average,
+        "largest": largest,
+    }
+    return report
+'''
+PROMPTS = {
+    "code-edit": "Rename the variable `total` to `revenue` in this function and print the whole "
+                 "function again, with no other change:\n\n" + CODE,
+    "chat": "What are three simple tips for staying focused while studying? Answer briefly.",
+}
+
+
+def encode_prompt(model_dir, text: str) -> list[int]:
+    """The prompt as the model's chat template frames it (plain text without one)."""
+    from .gguf_file import GgufFile, is_gguf
+    from .serve.text import chat_template, render_chat
+    from .tokenizer import load_tokenizer
+    tok = load_tokenizer(model_dir)
+    template = GgufFile(model_dir).chat_template() if is_gguf(model_dir) else chat_template(model_dir)
+    if template:
+        text = render_chat(template, [{"role": "user", "content": text}])
+    return tok.encode(text)
+
+
+def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "auto"), n: int = 96,
+        dtype: str = "f32", prompts=("code-edit", "chat"), out_dir=None, progress=True) -> list[dict]:
+    from tqdm import tqdm
+
+    from .model import load_model
+    from .sampling import Sampler
+    from .spec import SpecConfig, generate_spec
+    from .spec.sources import build
+    from .tokenizer import load_tokenizer
+    tok = load_tokenizer(model_dir)
+    rows, plain = [], {}
+    jobs = [(b, p, m) for b in backends for p in prompts for m in modes]
+    bar = tqdm(total=len(jobs), desc="vkspec bench", unit="run", disable=not progress)
+    for backend in backends:
+        model = load_model(model_dir, fmt=dtype, backend=backend)
+        has_mtp = getattr(model.w, "mtp", None) is not None
+        for pname in prompts:
+            ids = encode_prompt(model_dir, PROMPTS[pname])
+            for mode in modes:
+                bar.set_postfix_str(f"{backend} {pname} {mode}")
+                if mode == "mtp" and not has_mtp:
+                    rows.append(dict(backend=backend, prompt=pname, mode=mode, skipped="no MTP head"))
+                    bar.update()
+                    continue
+                cfg = SpecConfig(spec_mode=mode if mode != "auto" or has_mtp else "lookup")
+                if mode == "auto":
+                    cfg.spec_mode = "auto"
+                generate_spec(model, ids[:8], 2, Sampler(), *build(model, cfg))      # record shapes
+                sources, gate = build(model, cfg)
+                t0 = time.perf_counter()
+                r = generate_spec(model, ids, n, Sampler(), sources, gate,
+                                  stop=set(model.cfg.eos_token_id))
+                wall = time.perf_counter() - t0
+                c = r.counters
+                if mode == "off":
+                    plain[backend, pname] = r
+                ref = plain.get((backend, pname))
+                rows.append(dict(
+                    backend=backend, prompt=pname, mode=mode, tokens=len(r.tokens), forwards=r.forwards,
+                    tokens_per_forward=len(r.tokens) / max(r.forwards, 1), drafted=c.drafted,
+                    accepted=c.accepted, acceptance=c.accepted / c.drafted if c.drafted else None,
+                    by_position=[t / k for k, t in zip(c.carried, c.taken) if k],
+                    decode_tok_s=r.decode_tok_s, ttft_s=r.prefill_s, wall_s=wall,
+                    identical=None if ref is None else (r.tokens == ref.tokens and r.digest == ref.digest),
+                    speedup=None if ref is None else r.decode_tok_s / ref.decode_tok_s,
+                    text=tok.decode(r.tokens)))
+                bar.update()
+        del model
+    bar.close()
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.md").write_text(table(rows, model_dir, n) + "\n")
+        (out / "bench.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "text"}
+                                                    for r in rows], indent=1) + "\n")
+        plot(rows, out / "bench.png", Path(model_dir).name)
+    return rows
+
+
+def table(rows, model_dir, n) -> str:
+    head = (f"vkspec bench: {Path(model_dir).name}, {n} tokens, greedy\n\n"
+            "| backend | prompt | spec | tokens/forward | acceptance | by position | decode tok/s | "
+            "x plain | TTFT s | same text |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = [head]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['backend']} | {r['prompt']} | {r['mode']} | {r['skipped']} | | | | | | |")
+            continue
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%} ({r['accepted']}/{r['drafted']})"
+        pos = " ".join(f"{p:.0%}" for p in r["by_position"]) or "-"
+        lines.append(f"| {r['backend']} | {r['prompt']} | {r['mode']} | {r['tokens_per_forward']:.2f} | {acc} | "
+                     f"{pos} | {r['decode_tok_s']:.2f} | {r['speedup']:.2f} | {r['ttft_s']:.2f} | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    done = [r for r in rows if "skipped" not in r]
+    labels = [f"{r['backend']}\n{r['prompt']}\n{r['mode']}" for r in done]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(done) * 0.9), 7), sharex=True)
+    axes[0].bar(range(len(done)), [r["decode_tok_s"] for r in done], color="tab:blue")
+    axes[0].set_ylabel("decode tok/s")
+    axes[0].set_title(f"vkspec bench: {title}")
+    axes[1].bar(range(len(done)), [r["tokens_per_forward"] for r in done], color="tab:green")
+    axes[1].set_ylabel("tokens per forward")
+    axes[1].set_xticks(range(len(done)), labels, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
