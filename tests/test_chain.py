@@ -110,26 +110,24 @@ def test_rollback_equals_feeding_only_the_kept_rows(pairs, fmt):
     cpu, vk = pairs(fmt)
     toks = prompt(15, seed=5)
     head, block = toks[:9], toks[9:]
-    for keep in (1, 3, 6):
+    def rewound(keep):
         sv, sc = vk.new_state(), cpu.new_state()
         for m, s in ((vk, sv), (cpu, sc)):
             m.forward(head[:8], s)
             m.forward(head[8:], s)
             m.forward(block, s, copies=True)
             m.rewind(s, keep)
+        return sv, sc
+
+    for keep in (1, 3, 6):
+        sv, sc = rewound(keep)
         got = vk.read_state(sv)
         state_equal(got, sc)
         ref = vk.new_state()
         vk.forward(head[:8], ref)
         vk.forward(head[8:] + block[:keep], ref)
         state_equal(vk.read_state(ref), got)
-        # go on from the rewound state on both backends
-        sv, sc = vk.new_state(), cpu.new_state()
-        for m, s in ((vk, sv), (cpu, sc)):
-            m.forward(head[:8], s)
-            m.forward(head[8:], s)
-            m.forward(block, s, copies=True)
-            m.rewind(s, keep)
+        sv, sc = rewound(keep)                 # go on from the rewound state on both backends
         for t in (11, 12, 13):
             bits_equal(vk.forward([t], sv)[1], cpu.forward([t], sc)[1])
 

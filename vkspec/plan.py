@@ -63,7 +63,7 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
                           + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim) * 4
     experts_all = sum(int(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes())
                       for lw in w.layers if isinstance(lw.ffn, MoeW) for e in lw.ffn.experts)
-    host = int(w.embed.nbytes) + sum(q.nbytes() for q in _qweights(w))
+    host = int(w.embed.nbytes) + sum(q.nbytes() for q in qweights(w))
     out = dict(model=str(model_dir), dtype=fmt, context=p_ctx(cfg, ctx), mtp=mtp,
                snapshots=snapshots, drafts=drafts, copy_slots=slots,
                copy_slot_bytes=per_slot, copy_slots_bytes=per_slot * slots,
@@ -77,7 +77,8 @@ def p_ctx(cfg, ctx):
     return ctx or min(cfg.max_position_embeddings, 4096)
 
 
-def _qweights(obj, seen=None):
+def qweights(obj, seen=None):
+    """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
     from .quant import QWeight
     seen = seen if seen is not None else set()
     if id(obj) in seen:
@@ -89,7 +90,7 @@ def _qweights(obj, seen=None):
     out = []
     for v in items:
         if isinstance(v, (list, QWeight)) or hasattr(v, "__dataclass_fields__"):
-            out += _qweights(v, seen)
+            out += qweights(v, seen)
     return out
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from vkspec.generate import generate
 from vkspec.model import load_model
+from vkspec.plan import qweights as _qweights
 from vkspec.tiny import make_tiny
 
 CONFIGS = {
@@ -30,22 +31,6 @@ def main():
                 r = generate(m, list(range(1, 17)), n)
                 print(f"{name:<5} {params / 1e6:6.1f}M params  {fmt:<9} decode {r.decode_tok_s:7.1f} tok/s "
                       f"(prefill 16 tokens {r.prefill_s * 1e3:.0f} ms)")
-
-
-def _qweights(obj, seen=None):
-    from vkspec.quant import QWeight
-    seen = seen if seen is not None else set()
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, QWeight):
-        return [obj]
-    out = []
-    items = obj if isinstance(obj, list) else getattr(obj, "__dict__", {}).values()
-    for v in items:
-        if isinstance(v, (list, QWeight)) or hasattr(v, "__dataclass_fields__"):
-            out += _qweights(v, seen)
-    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,194 @@
+"""Train vkspec's tiny Qwen3-Next-style hybrid and its MTP head (development
+only: torch and transformers are never needed to run vkspec).
+
+The corpus is the Python standard library's own sources (``Lib/*.py`` of the
+interpreter that runs this), available offline on every machine: files are
+sorted by name and every 10th one is held out. A byte-level BPE tokenizer is
+trained on the training files with ``tokenizers``. The trunk is transformers'
+``Qwen3NextForCausalLM`` (3 Gated DeltaNet layers + 1 gated attention layer,
+8 routed experts top-2 plus a shared expert); the MTP head is written here
+from transformers' own parts, as vkspec computes it:
+``norm(layer(fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)])))`` -> lm_head,
+where h_t is the trunk's last layer output before its final norm, trained to
+predict token t+2.
+
+    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --minutes 20
+
+Deterministic for a given seed, thread count and torch build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import glob
+import json
+import math
+import sysconfig
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch import nn
+from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers.models.qwen3_next.modeling_qwen3_next import (Qwen3NextDecoderLayer, Qwen3NextRMSNorm,
+                                                                Qwen3NextRotaryEmbedding)
+
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def corpus():
+    files = sorted(glob.glob(str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")))
+    train = [f for i, f in enumerate(files) if i % 10]
+    held = [f for i, f in enumerate(files) if i % 10 == 0]
+    read = lambda fs: [Path(f).read_text(encoding="utf-8", errors="replace") for f in fs]  # noqa: E731
+    return read(train), read(held), [Path(f).name for f in held]
+
+
+def train_tokenizer(texts, vocab):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab, show_progress=False, special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+class MtpHead(nn.Module):
+    def __init__(self, cfg: Qwen3NextConfig):
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.pre_fc_norm_embedding = Qwen3NextRMSNorm(h, eps)
+        self.pre_fc_norm_hidden = Qwen3NextRMSNorm(h, eps)
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        one = copy.deepcopy(cfg)
+        one.layer_types = ["full_attention"]
+        one.num_hidden_layers = 1
+        self.layers = nn.ModuleList([Qwen3NextDecoderLayer(one, 0)])
+        self.norm = Qwen3NextRMSNorm(h, eps)
+        self.rotary = Qwen3NextRotaryEmbedding(one)
+
+    def forward(self, hidden, emb_next, positions):
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb_next), self.pre_fc_norm_hidden(hidden)], -1))
+        t = x.shape[1]
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        out = self.layers[0](x, position_embeddings=self.rotary(x, positions), attention_mask=mask,
+                             position_ids=positions)
+        return self.norm(out[0] if isinstance(out, tuple) else out)
+
+
+def batches(ids: np.ndarray, batch: int, seq: int, rng):
+    while True:
+        starts = rng.integers(0, len(ids) - seq - 1, batch)
+        yield torch.from_numpy(np.stack([ids[s:s + seq] for s in starts]).astype(np.int64))
+
+
+def losses(model, head, x, trunk_out):
+    captured = {}
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    out = model(input_ids=x)
+    hook.remove()
+    logits, h = out.logits, captured["h"]
+    ce = nn.functional.cross_entropy
+    main = ce(logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    t = x.shape[1]
+    pos = torch.arange(1, t - 1)[None].expand(x.shape[0], -1)
+    hm = head(h[:, :t - 2], model.model.embed_tokens(x[:, 1:t - 1]), pos)
+    mlog = model.lm_head(hm)
+    mtp = ce(mlog.reshape(-1, mlog.shape[-1]), x[:, 2:].reshape(-1))
+    acc = (mlog.argmax(-1) == x[:, 2:]).float().mean()
+    return main, mtp, acc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="models/tiny-hybrid")
+    ap.add_argument("--minutes", type=float, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    a = ap.parse_args()
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    rng = np.random.default_rng(a.seed)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, held, held_names = corpus()
+    tok = train_tokenizer(train, a.vocab)
+    eot = tok.token_to_id("<|endoftext|>")
+    enc = lambda texts: np.array([i for t in texts for i in tok.encode(t).ids + [eot]], np.int32)  # noqa: E731
+    tr, ho = enc(train), enc(held)
+    cfg = Qwen3NextConfig(
+        vocab_size=a.vocab, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=48, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=48, linear_value_head_dim=48,
+        linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+        shared_expert_intermediate_size=256, norm_topk_prob=True, rms_norm_eps=1e-6,
+        max_position_embeddings=1024, partial_rotary_factor=0.25, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        eos_token_id=eot, bos_token_id=eot)
+    model = Qwen3NextForCausalLM(cfg)
+    head = MtpHead(cfg)
+    params = list(model.parameters()) + list(head.parameters())
+    n_params = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    data = batches(tr, a.batch, a.seq, rng)
+    t0, step, log = time.time(), 0, []
+    budget = a.minutes * 60
+    est_steps = None
+    while time.time() - t0 < budget:
+        frac = (time.time() - t0) / budget
+        lr = a.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        main_l, mtp_l, acc = losses(model, head, next(data), None)
+        loss = main_l + 0.5 * mtp_l
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        if step % 20 == 0:
+            log.append((step, time.time() - t0, main_l.item(), mtp_l.item(), acc.item()))
+            print(f"step {step} {time.time() - t0:.0f}s loss {main_l.item():.3f} mtp {mtp_l.item():.3f} "
+                  f"mtp acc {acc.item():.3f} lr {lr:.2e}", flush=True)
+    train_s = time.time() - t0
+    model.eval()
+    head.eval()
+    with torch.no_grad():
+        hrng = np.random.default_rng(1)
+        ev = [losses(model, head, next(batches(ho, 16, a.seq, hrng)), None) for _ in range(8)]
+    held_main = float(np.mean([e[0].item() for e in ev]))
+    held_mtp = float(np.mean([e[1].item() for e in ev]))
+    held_acc = float(np.mean([e[2].item() for e in ev]))
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    sd.update({f"mtp.{k}": v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
+               if not k.startswith("rotary")})
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    d = cfg.to_dict()
+    d.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", num_nextn_predict_layers=1,
+             dtype="bfloat16")
+    (out / "config.json").write_text(json.dumps(d, indent=2) + "\n")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                           "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
+    (out / "heldout_files.json").write_text(json.dumps(held_names) + "\n")
+    stats = dict(params=n_params, steps=step, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
+                 train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
+                 heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
+                 torch=torch.__version__, threads=a.threads, seed=a.seed, log=log)
+    (out / "training.json").write_text(json.dumps(stats, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in stats.items() if k != "log"}))
+
+
+if __name__ == "__main__":
+    main()
