@@ -15,11 +15,16 @@ $(STAMP): pyproject.toml ci/kompute/kp-0.9.0-vkspec.patch ci/kompute/build-kp.sh
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
 
+# the main job: speculative decoding (MTP head + prompt lookup under the gate)
+# with the bundled trained hybrid on the Vulkan device, then the same run on
+# the CPU path and without drafts: the three digests are equal
+DEMO_PROMPT := $$'import os\nimport sys\n\n\ndef main(argv):\n    parser = '
+SHELL := /bin/bash
 demo: setup
 	$(VENV)/bin/vkspec selftest
-	$(VENV)/bin/vkspec make-tiny out/tiny --mtp
-	$(VENV)/bin/vkspec run out/tiny --prompt "def fibonacci(n):" -n 32 --backend vulkan --json
-	$(VENV)/bin/vkspec run out/tiny --prompt "def fibonacci(n):" -n 32 --backend cpu --json
+	$(VENV)/bin/vkspec run models/tiny-hybrid --prompt $(DEMO_PROMPT) -n 64 --spec auto --backend vulkan --json
+	$(VENV)/bin/vkspec run models/tiny-hybrid --prompt $(DEMO_PROMPT) -n 64 --spec auto --backend cpu --json
+	$(VENV)/bin/vkspec run models/tiny-hybrid --prompt $(DEMO_PROMPT) -n 64 --spec off --backend vulkan --json
 
 test: setup
 	bash ci/lavapipe/test.sh -q

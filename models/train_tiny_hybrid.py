@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)   # 3e-3 made the MTP branch diverge
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -138,11 +138,18 @@ def main():
         eos_token_id=eot, bos_token_id=eot)
     model = Qwen3NextForCausalLM(cfg)
     head = MtpHead(cfg)
+    # the head is built from bare modules: transformers initialises only a
+    # PreTrainedModel's weights (its experts start as torch.empty), so give
+    # every matrix the trunk's normal(0, initializer_range) init here
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, cfg.initializer_range)
     params = list(model.parameters()) + list(head.parameters())
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
     data = batches(tr, a.batch, a.seq, rng)
-    t0, step, log = time.time(), 0, []
+    t0, step, log, skipped = time.time(), 0, [], 0
     budget = a.minutes * 60
     est_steps = None
     while time.time() - t0 < budget:
@@ -153,14 +160,21 @@ def main():
         main_l, mtp_l, acc = losses(model, head, next(data), None)
         loss = main_l + 0.5 * mtp_l
         opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        if torch.isfinite(loss):
+            loss.backward()
+            # the reference (torch) delta-rule kernels overflow now and then: a
+            # non-finite gradient skips the update instead of poisoning the weights
+            if torch.isfinite(torch.nn.utils.clip_grad_norm_(params, 1.0)):
+                opt.step()
+            else:
+                skipped += 1
+        else:
+            skipped += 1
         step += 1
-        if step % 20 == 0:
+        if step % 20 == 0 or step <= 3:
             log.append((step, time.time() - t0, main_l.item(), mtp_l.item(), acc.item()))
             print(f"step {step} {time.time() - t0:.0f}s loss {main_l.item():.3f} mtp {mtp_l.item():.3f} "
-                  f"mtp acc {acc.item():.3f} lr {lr:.2e}", flush=True)
+                  f"mtp acc {acc.item():.3f} lr {lr:.2e} skipped {skipped}", flush=True)
     train_s = time.time() - t0
     model.eval()
     head.eval()
@@ -182,7 +196,7 @@ def main():
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                            "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     (out / "heldout_files.json").write_text(json.dumps(held_names) + "\n")
-    stats = dict(params=n_params, steps=step, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
+    stats = dict(params=n_params, steps=step, skipped_steps=skipped, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
                  train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
                  heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
                  torch=torch.__version__, threads=a.threads, seed=a.seed, log=log)

@@ -35,23 +35,28 @@ CODE = '''def summarize(orders):
     }
     return report
 '''
+# (user message, the start of the answer): the code edit's answer is started
+# for the model, as an editor integration does, so a small model copies the
+# function instead of talking about it
 PROMPTS = {
-    "code-edit": "Rename the variable `total` to `revenue` in this function and print the whole "
-                 "function again, with no other change:\n\n" + CODE,
-    "chat": "What are three simple tips for staying focused while studying? Answer briefly.",
+    "code-edit": ("Here is a function:\n\n```python\n" + CODE + "```\n\nRename the variable total to "
+                  "revenue and print the whole function again.",
+                  "```python\ndef summarize(orders):\n    revenue = 0\n    count"),
+    "chat": ("What are three simple tips for staying focused while studying? Answer briefly.", ""),
 }
 
 
-def encode_prompt(model_dir, text: str) -> list[int]:
-    """The prompt as the model's chat template frames it (plain text without one)."""
+def encode_prompt(model_dir, prompt) -> list[int]:
+    """The prompt as the model's chat template frames it (plain text without
+    one), followed by the start of the answer."""
     from .gguf_file import GgufFile, is_gguf
     from .serve.text import chat_template, render_chat
     from .tokenizer import load_tokenizer
+    user, answer = prompt
     tok = load_tokenizer(model_dir)
     template = GgufFile(model_dir).chat_template() if is_gguf(model_dir) else chat_template(model_dir)
-    if template:
-        text = render_chat(template, [{"role": "user", "content": text}])
-    return tok.encode(text)
+    text = render_chat(template, [{"role": "user", "content": user}]) if template else user + "\n"
+    return tok.encode(text) + (tok.encode(answer) if answer else [])
 
 
 def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "auto"), n: int = 96,

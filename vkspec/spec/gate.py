@@ -79,6 +79,8 @@ class SourceStats:
 
 
 def _bin(p: float) -> int:
+    if not p == p or p in (float("inf"), float("-inf")):      # a head that gave NaN/inf scores
+        return 0
     return min(BINS - 1, max(0, int(p * BINS)))
 
 
