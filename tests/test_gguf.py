@@ -130,3 +130,31 @@ def test_gguf_is_never_requantised_and_bad_files_are_one_line(gguf_path, tmp_pat
     res = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(gguf_path), "--prompt", "def f(x):",
                           "-n", "8", "--json"], capture_output=True, text=True, env=os.environ)
     assert res.returncode == 0, res.stderr
+
+
+def test_f16_and_f32_tensors_load_exactly(tmp_path):
+    import gguf
+    from vkspec.gguf_file import GgufFile
+    rng = np.random.default_rng(0)
+    w16 = rng.standard_normal((6, 8)).astype(np.float16)
+    w32 = rng.standard_normal((4, 8)).astype(np.float32)
+    q8 = rng.standard_normal((2, 64)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_block_count(1)
+    wr.add_tensor("blk.0.attn_v.weight", w16)
+    wr.add_tensor("blk.0.ffn_up.weight", w32)
+    wr.add_tensor("blk.0.ffn_gate.weight", gguf.quants.quantize(q8, gguf.GGMLQuantizationType.Q8_0),
+                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    f = GgufFile(path)
+    bits_equal(f.get("model.layers.0.self_attn.v_proj.weight", (6, 8)), w16.astype(np.float32))
+    bits_equal(f.get("model.layers.0.mlp.up_proj.weight", (4, 8)), w32)
+    t = f.tensors["blk.0.ffn_gate.weight"]
+    bits_equal(f.get("model.layers.0.mlp.gate_proj.weight", (2, 64)),
+               gguf.quants.dequantize(t.data, t.tensor_type).reshape(2, 64))
+    with pytest.raises(VkspecError, match=r"has shape \(6, 8\), expected \(8, 6\)"):
+        f.get("model.layers.0.self_attn.v_proj.weight", (8, 6))
