@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)   # 3e-3 made the MTP branch diverge
+    ap.add_argument("--init", default=None,
+                    help="continue from a checkpoint this script wrote (same corpus and tokenizer)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -123,7 +125,7 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     train, held, held_names = corpus()
-    tok = train_tokenizer(train, a.vocab)
+    tok = Tokenizer.from_file(str(Path(a.init) / "tokenizer.json")) if a.init else train_tokenizer(train, a.vocab)
     eot = tok.token_to_id("<|endoftext|>")
     enc = lambda texts: np.array([i for t in texts for i in tok.encode(t).ids + [eot]], np.int32)  # noqa: E731
     tr, ho = enc(train), enc(held)
@@ -145,6 +147,11 @@ def main():
         for name, p in head.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, cfg.initializer_range)
+    if a.init:
+        from safetensors.torch import load_file
+        sd = {k: v.float() for k, v in load_file(str(Path(a.init) / "model.safetensors")).items()}
+        model.load_state_dict({k: v for k, v in sd.items() if not k.startswith("mtp.")})
+        head.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("mtp.")}, strict=False)
     params = list(model.parameters()) + list(head.parameters())
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
@@ -196,7 +203,9 @@ def main():
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                            "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     (out / "heldout_files.json").write_text(json.dumps(held_names) + "\n")
-    stats = dict(params=n_params, steps=step, skipped_steps=skipped, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
+    prev = json.loads((Path(a.init) / "training.json").read_text()) if a.init else None
+    stats = dict(params=n_params, steps=step, skipped_steps=skipped, continued_from=prev and
+                 {k: prev[k] for k in ("steps", "train_seconds", "tokens_seen", "heldout_loss")}, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
                  train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
                  heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
                  torch=torch.__version__, threads=a.threads, seed=a.seed, log=log)
