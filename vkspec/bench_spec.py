@@ -83,9 +83,7 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
                     rows.append(dict(backend=backend, prompt=pname, mode=mode, skipped="no MTP head"))
                     bar.update()
                     continue
-                cfg = SpecConfig(spec_mode=mode if mode != "auto" or has_mtp else "lookup")
-                if mode == "auto":
-                    cfg.spec_mode = "auto"
+                cfg = SpecConfig(spec_mode=mode)
                 generate_spec(model, ids[:8], 2, Sampler(), *build(model, cfg))      # record shapes
                 sources, gate = build(model, cfg)
                 t0 = time.perf_counter()

@@ -481,7 +481,7 @@ class VulkanModel:
         a[STEP_TOK:STEP_TOK + len(tokens)] = tokens
         a[STEP_POS:STEP_POS + len(pos)] = pos
 
-    def _rows(self, kind, tokens, x_len, last, logits_t, picks_t):
+    def _rows(self, kind, tokens, last, logits_t, picks_t):
         n, H, V = len(tokens), self.cfg.hidden_size, self.cfg.vocab_size
         x = self.s["x" if kind == "main" else "mx"].data()
         rows = 1 if last else n
@@ -526,7 +526,7 @@ class VulkanModel:
             self.tier.after_forward(n)
         st.kv_len += n
         st.live = regions[-1]
-        return self._rows("main", tokens, st.kv_len, last, logits_t, picks_t)
+        return self._rows("main", tokens, last, logits_t, picks_t)
 
     def rewind(self, st: DeviceState, keep: int):
         """Keep rows 0..keep-1 of the last block (0: none, the state before
@@ -556,7 +556,7 @@ class VulkanModel:
         self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
         segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), False)
         self._run(segments)
-        return self._rows("mtp", tokens, 0, False, logits_t, picks_t)
+        return self._rows("mtp", tokens, False, logits_t, picks_t)
 
     def _run(self, segments):
         for seq, host in segments:

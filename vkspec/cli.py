@@ -11,16 +11,11 @@ from .spec.config import UNSUPPORTED as UNSUPPORTED_SPEC
 
 
 def _run(args) -> int:
-    from .model import load_model
     from .sampling import Sampler
-    from .spec import SpecConfig, generate_spec
+    from .spec import generate_spec
     from .spec.sources import build, save_vocab
     from .tokenizer import load_tokenizer
-    cfg = SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
-                          spec_mtp_recurrent_snapshots=args.snapshots,
-                          spec_mtp_fr_vocab_size=args.mtp_vocab,
-                          spec_gate=False if args.no_gate else None,
-                          spec_gate_pstep=True if args.pstep else None)
+    cfg = _spec_config(args)
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
@@ -32,10 +27,8 @@ def _run(args) -> int:
     if not prompt:
         print("vkspec: empty prompt", file=sys.stderr)
         return 2
-    want_mtp = True if cfg.spec_mode == "mtp" else None
     tier = _tier(args, args.model)
-    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
-                       mtp=want_mtp if cfg.spec_mode in ("mtp", "auto") else False, tier=tier)
+    model = _load_for_spec(args, cfg, tier)
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     import signal
@@ -118,6 +111,25 @@ def _plan(args) -> int:
     return 0
 
 
+def _spec_config(args):
+    """The spec_* settings of run and serve: the TOML file, then the flags."""
+    from .spec import SpecConfig
+    return SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
+                           spec_mtp_recurrent_snapshots=args.snapshots,
+                           spec_mtp_fr_vocab_size=args.mtp_vocab,
+                           spec_gate=False if args.no_gate else None,
+                           spec_gate_pstep=True if getattr(args, "pstep", False) else None)
+
+
+def _load_for_spec(args, cfg, tier):
+    """The model, with its MTP head when the mode drafts from it (mtp requires
+    one, auto takes it when the checkpoint has one)."""
+    from .model import load_model
+    mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
+    return load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
+                      mtp=mtp, tier=tier, ctx=getattr(args, "ctx", None))
+
+
 def _tier(args, model_dir):
     """--tier-* flags -> a TierConfig (or None: every expert on the device)."""
     if args.tier_gb is None:
@@ -133,20 +145,14 @@ def _tier(args, model_dir):
 
 def _serve(args) -> int:
     import uvicorn
-    from .model import load_model
     from .serve.app import create_app
     from .serve.engine import Engine
     from .serve.text import chat_template
-    from .spec import SpecConfig
     from .spec.sources import build, save_vocab
     from .tokenizer import load_tokenizer
-    cfg = SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
-                          spec_mtp_recurrent_snapshots=args.snapshots,
-                          spec_mtp_fr_vocab_size=args.mtp_vocab, spec_gate=False if args.no_gate else None)
+    cfg = _spec_config(args)
     tier = _tier(args, args.model)
-    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
-                       mtp=(True if cfg.spec_mode == "mtp" else None) if cfg.spec_mode in ("mtp", "auto")
-                       else False, tier=tier, ctx=args.ctx)
+    model = _load_for_spec(args, cfg, tier)
     try:
         tok = load_tokenizer(args.model)
     except Exception:

@@ -36,7 +36,7 @@ def main():
                 tier = TierConfig(budget_gb=slots * per / (1 << 30), rate=2, history=str(hist))
                 m = load_model(d, fmt="int8", backend="vulkan", tier=tier)
                 generate(m, prompt[:3], 2)                     # record the shapes
-                m.tier.stats.__init__(per_layer=[[0, 0] for _ in range(m.tier.n_layers)])
+                m.tier.reset_stats()
                 r = generate(m, prompt, n)
                 assert r.digest == ref.digest
                 s = m.tier.stats.as_dict()

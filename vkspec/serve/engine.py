@@ -67,14 +67,16 @@ class Engine:
             s.restore(ck)
         self.live = saved.fed
 
-    def _start(self, prompt: list[int]) -> int:
-        """Bring the live state to the longest saved proper prefix; its length."""
+    def _start(self, prompt: list[int], whole: bool = False) -> int:
+        """Bring the live state to the longest saved prefix of the prompt (a
+        proper one unless `whole`: a turn needs a row left to feed); its length."""
         p = tuple(prompt)
         best, best_len = None, -1
         cands = [(self.live, None)] if self.live is not None else []
         cands += [(k, v) for k, v in self.cache.items()] + [(v.fed, v) for v in self.pins.values()]
         for fed, saved in cands:
-            if len(fed) < len(p) and p[:len(fed)] == fed and len(fed) > best_len:
+            if (len(fed) <= len(p) if whole else len(fed) < len(p)) and p[:len(fed)] == fed \
+                    and len(fed) > best_len:
                 best, best_len = (fed, saved), len(fed)
         if best is None or best_len == 0:
             self.state = self.model.new_state()
@@ -88,11 +90,8 @@ class Engine:
     def pin(self, name: str, prompt: list[int]) -> int:
         """Feed a prompt and keep its state under a name."""
         with self.lock:
-            fed = self._start(prompt + [0]) if prompt else 0
-            fed = min(fed, len(prompt))
+            fed = self._start(prompt, whole=True)
             if fed < len(prompt):
-                if fed == 0:
-                    self.state = self.model.new_state()
                 for i in range(fed, len(prompt), self.model.max_rows):
                     rows = prompt[i:i + self.model.max_rows]
                     hidden, _ = self.model.forward(rows, self.state, logits_rows="last")

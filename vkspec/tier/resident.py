@@ -77,11 +77,14 @@ class ExpertTier:
         self.caps = split_slots(total, self.history.counts, self.E, cfg.balance)
         self.placement = Placement(self.caps, self.E, cfg.rate)
         self.extra = self.k * chain.max_rows if cfg.stream else 0    # stream slots per layer
-        self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])
+        self.reset_stats()
         self.layers: dict[int, dict] = {}        # ordinal -> L of the chain
         self._staging = None
         self._algos: dict = {}
         self._streamed: set[int] = set()
+
+    def reset_stats(self):
+        self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])
 
     # --- the plan -------------------------------------------------------------------
     def holds(self, i: int, part: str) -> bool:
@@ -128,7 +131,7 @@ class ExpertTier:
         self._upload(self.placement.initial(self.history.counts))
         for o in self.layers:
             self._set_map(o)
-        self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])   # forwards only
+        self.reset_stats()                       # the stats count forwards, not the initial fill
 
     # --- uploads ----------------------------------------------------------------------
     def _expert_words(self, o: int, e: int):
