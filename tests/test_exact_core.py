@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from vkspec import exact, quant
+from vkspec.backends import cpu as cpu_ops, cpu_jit
 from vkspec.selftest import inputs, same_bits
 
 from conftest import bits_equal
@@ -125,3 +126,70 @@ def test_reduction_order_is_the_documented_one():
         h = len(lanes) // 2
         lanes = [np.float32(lanes[i] + lanes[i + h]) for i in range(h)]
     assert exact.dot(x, w).tobytes() == lanes[0].tobytes()
+
+
+def _edge_block(rng, rows, cols):
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[0] = 0.0
+    w[1] *= np.float32(1e-38)
+    w[2] *= np.float32(1e30)
+    w[3, :7] = [1e-45, -1e-45, 3e38, -3e38, 1e-40, 0.0, -0.0]
+    xs = (rng.standard_normal((8, cols)) * 10).astype(np.float32)
+    xs[1] *= np.float32(1e-20)
+    xs[2] = 0.0
+    xs[3, :3] = [np.inf, np.nan, -np.inf]
+    w[4] = 0.0                                  # every product -0: the sum is +0
+    xs[4] = -np.abs(xs[4]) - np.float32(1.0)
+    return w, xs
+
+
+@pytest.mark.parametrize("shape", GEMV_SHAPES + [(100, 576), (45, 1536), (9, 128)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compiled_gemv_is_the_numpy_definition(shape):
+    """cpu_jit.gemv returns exact.gemv's bits, for every block size and edge value."""
+    rng = np.random.default_rng(shape[0] + 7 * shape[1])
+    w, xs = _edge_block(rng, max(shape[0], 5), shape[1] if shape[1] >= 7 else 7)
+    wp = quant.quantize(w, "f32").data
+    for n in (1, 2, 5, 8):
+        bits_equal(cpu_jit.gemv(wp, xs[:n]), exact.gemv(wp, xs[:n]))
+
+
+def test_compiled_gemv_has_no_fused_multiply_add():
+    asm = cpu_jit.machine_code()
+    assert "mulps" in asm or "mulss" in asm
+    assert "vfmadd" not in asm and "vfmsub" not in asm and "vfnmadd" not in asm
+
+
+@pytest.mark.parametrize("batch,rows,n,k", [(1, 1, 1, 1), (9, 140, 1, 64), (9, 64, 1, 300), (4, 33, 3, 129)])
+def test_compiled_matvecs_are_the_numpy_definition(batch, rows, n, k, monkeypatch):
+    """cpu.matvecs (attention scores/outputs, the delta rule) with and without numba."""
+    rng = np.random.default_rng(batch * rows + k)
+    w = (rng.standard_normal((batch, rows, k)) * 3).astype(np.float32)
+    x = rng.standard_normal((batch, n, k)).astype(np.float32)
+    w[0, 0] = 0.0
+    x[0, 0] = -np.abs(x[0, 0]) - np.float32(1.0)   # an all -0 sum is +0
+    if k > 3:
+        x[-1, -1, :3] = [np.inf, np.nan, np.float32(1e-42)]
+    compiled = cpu_ops.matvecs(w, x)
+    monkeypatch.setenv("VKSPEC_CPU_JIT", "0")
+    bits_equal(compiled, cpu_ops.matvecs(w, x))
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_attention_block_rows_equal_the_definition(poison):
+    """cpu.attend over a block of rows (the compiled path) gives each row the
+    bits of attend_row, the NumPy definition, run alone, even when a later
+    row's value is infinite (0 * inf would poison a shared pass)."""
+    rng = np.random.default_rng(11)
+    L, n, nh, nkv, hd = 150, 6, 9, 3, 64
+    kc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, nh, hd)).astype(np.float32)
+    vc[:20] = -np.abs(vc[:20])                      # products of p = +0 with v < 0 are -0
+    if poison:
+        vc[L - 1, 0, 5] = np.inf
+    lens = np.arange(L - n, L) + 1
+    block = cpu_ops.attend(q, kc, vc, lens, np.float32(0.125))
+    for i in range(n):
+        alone = cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.125))
+        bits_equal(block[i], alone)
+    assert np.isfinite(block[0]).all()

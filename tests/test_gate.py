@@ -142,3 +142,52 @@ def test_settings_from_toml_and_flags(tmp_path):
     for mode in ("draft-model", "dflash", "dspark"):
         with pytest.raises(VkspecError, match="never substitutes"):
             SpecConfig(spec_mode=mode).check()
+
+
+def test_hindsight_judges_whole_lookup_proposals_once_the_output_decides():
+    g = Gate(7)
+    out = [1, 2, 3]
+    g.judge_later("lookup", [4, 5, 6, 7], at=3)        # a declined or trimmed proposal
+    g.judge_later("lookup", [9, 9], at=3)
+    g.see_output(out)
+    assert len(g.pending) == 2                          # nothing after 3 is known yet
+    out += [4, 5]
+    g.see_output(out)                                   # [9, 9] misses at once; [4..7] still open
+    assert [p[1] for p in g.pending] == [[4, 5, 6, 7]]
+    out += [6, 8]
+    g.see_output(out)                                   # 4, 5, 6 stood, 7 did not
+    assert g.pending == []
+    rates = g.source("lookup").rates
+    # draft 1 judged twice (hit, miss), 2 and 3 once (hits), 4 once (miss), from the prior 1/2
+    assert [r.p for r in rates[:4]] == pytest.approx([0.5, 2 / 3, 2 / 3, 1 / 3])
+
+
+def test_hindsight_lets_lookup_learn_while_the_gate_declines():
+    """With T(n) unmeasured (rho 0.5) and the 0.5 prior, value(1) = 1: the gate
+    declines; judged in hindsight, the declined proposals still teach it."""
+    from vkspec.sampling import Sampler
+    from vkspec.spec.decode import generate_spec
+
+    class Echo:                       # a stand-in model: the next token is (last + 1) % 4
+        max_rows, cfg = 8, None
+
+        def new_state(self):
+            import types
+            return types.SimpleNamespace(kv_len=0)
+
+        def forward(self, rows, st, logits_rows="all", copies=0):
+            import numpy as np
+            st.kv_len += len(rows)
+            logits = np.zeros((len(rows), 4), np.float32)
+            logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
+            return None, logits if logits_rows == "all" else logits[-1:]
+
+        def rewind(self, st, keep):
+            pass
+
+    g = Gate(7)
+    r = generate_spec(Echo(), [0, 1, 2, 3, 0, 1], 12, Sampler(), [PromptLookup(5)], g)
+    assert r.tokens == [2, 3, 0, 1] * 3
+    assert g.declined >= 1                              # at first a draft did not pay
+    assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12   # then it did
+    assert g.source("lookup").rates[0].p > 0.8

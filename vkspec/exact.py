@@ -249,7 +249,7 @@ def dot(x, w) -> np.ndarray:
     with np.errstate(all="ignore"):
         for c in range(shape[-3]):
             acc = acc + xl[..., c, :, :] * wl[..., c, :, :]
-    return _finish(acc)
+        return _finish(acc)
 
 
 def gemv(w: np.ndarray, x: np.ndarray, rows_per_chunk: int = 1024) -> np.ndarray:
@@ -269,7 +269,7 @@ def gemv(w: np.ndarray, x: np.ndarray, rows_per_chunk: int = 1024) -> np.ndarray
         with np.errstate(all="ignore"):
             for c in range(wl.shape[2]):
                 acc = acc + xl[:, :, c] * wl[:, :, c]
-        out[:, m0:m0 + wl.shape[1]] = _finish(acc)
+            out[:, m0:m0 + wl.shape[1]] = _finish(acc)
     return out[0] if single else out
 
 

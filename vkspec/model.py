@@ -321,10 +321,7 @@ class Model:
         k = ops.rope(k, self.cos[pos], self.sin[pos])
         kcache[pos] = k
         vcache[pos] = v
-        out = np.empty((n, nh, hd), f32)
-        for i in range(n):
-            out[i] = ops.attend(q[i], kcache[:pos[i] + 1], vcache[:pos[i] + 1], f32(hd ** -0.5))
-        out = out.reshape(n, nh * hd)
+        out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(hd ** -0.5)).reshape(n, nh * hd)
         if w.gated:
             out = out * exact.sigmoid(gate)
         return ops.gemv(w.o, out)

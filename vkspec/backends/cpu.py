@@ -6,20 +6,27 @@ from __future__ import annotations
 import numpy as np
 
 from .. import exact
+from . import cpu_jit
 from ..quant import QWeight, dequantize
 
 f32 = np.float32
 
 
 def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
-    """x (..., cols) -> (..., rows); every row as if alone."""
+    """x (..., cols) -> (..., rows); every row as if alone.
+
+    The compiled twin (cpu_jit) computes exact.gemv's bits when numba is there.
+    """
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     out = np.empty((x2.shape[0], w.rows), dtype=f32)
+    kernel = cpu_jit.gemv if cpu_jit.enabled() else exact.gemv
+    if w.fmt == "f32":
+        rows_per_chunk = w.rows
     for r0 in range(0, w.rows, rows_per_chunk):
         r1 = min(w.rows, r0 + rows_per_chunk)
-        out[:, r0:r1] = exact.gemv(dequantize(w, r0, r1), x2)
+        out[:, r0:r1] = kernel(dequantize(w, r0, r1), x2)
     return out.reshape(lead + (w.rows,))
 
 
@@ -68,8 +75,40 @@ def rope(x, cos, sin) -> np.ndarray:
     return out
 
 
-def attend(q, kc, vc, scale) -> np.ndarray:
-    """One row's causal attention: q (nh, hd) over keys/values (L, nkv, hd)."""
+def matvecs(w, x) -> np.ndarray:
+    """(B, M, K), (B, n, K) -> (B, n, M): a gemv per batch entry, in dot's order."""
+    if cpu_jit.enabled():
+        return cpu_jit.gemv_batched(w, x)
+    return exact.dot(x[:, :, None, :], w[:, None, :, :])
+
+
+def attend(q, kc, vc, lens, scale) -> np.ndarray:
+    """Causal attention of a block: row i's q (nh, hd) over keys/values
+    [0, lens[i]) of kc, vc (L, nkv, hd), each row exactly as if it ran alone."""
+    if not cpu_jit.enabled():
+        return np.stack([attend_row(q[i], kc[:lens[i]], vc[:lens[i]], scale) for i in range(len(q))])
+    # The compiled path: the query heads of one KV head are rows of one gemv,
+    # so the cache is read once per block. A row's scores past its length are
+    # dropped and its probabilities there are +0: adding +0 to a lane (which
+    # starts at +0, so is never -0) changes nothing, and the output kernel
+    # stops at each row's length (a later row's 0 * inf never enters).
+    n, nh, hd = q.shape
+    nkv, L = kc.shape[1], int(max(lens))
+    rep = nh // nkv
+    qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
+    s = cpu_jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
+    lens_q = np.repeat(np.asarray(lens), rep)
+    valid = np.arange(L)[None, :] < lens_q[:, None]
+    with np.errstate(all="ignore"):
+        m = np.max(np.where(valid, s, f32(-np.inf)), axis=-1, keepdims=True)
+        e = np.where(valid, exact.exp(s - m), f32(0.0))
+        p = e * exact.recip(exact.reduce_sum(e))[..., None]
+    o = cpu_jit.weighted_rows(p, vc[:L].transpose(1, 0, 2), lens_q)       # (nkv, n*rep, hd)
+    return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
+
+
+def attend_row(q, kc, vc, scale) -> np.ndarray:
+    """The definition: one row's q (nh, hd) over all of kc, vc (L, nkv, hd)."""
     nh, nkv = q.shape[0], kc.shape[1]
     kv_of = np.arange(nh) // (nh // nkv)
     kh = kc.transpose(1, 0, 2)[kv_of]                    # (nh, L, hd)
@@ -104,10 +143,10 @@ def deltanet_step(S, q, k, v, b, a, dt_bias, neg_exp_a, scale) -> np.ndarray:
     beta = exact.sigmoid(b)
     decay = exact.exp(neg_exp_a * exact.softplus(a + dt_bias))
     S *= decay[:, None, None]
-    kv_mem = exact.dot(kh[:, None, :], S.transpose(0, 2, 1))      # (nv, dv)
+    kv_mem = matvecs(S.transpose(0, 2, 1), kh[:, None, :])[:, 0]   # (nv, dv)
     delta = (v - kv_mem) * beta[:, None]
     S += kh[:, :, None] * delta[:, None, :]
-    return exact.dot(qh[:, None, :], S.transpose(0, 2, 1))
+    return matvecs(S.transpose(0, 2, 1), qh[:, None, :])[:, 0]
 
 
 def route(probs, k: int, normalize: bool):

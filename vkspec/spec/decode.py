@@ -100,26 +100,35 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         history.extend(rows[:keep])
         if prop:
             counters.settled(prop.source, len(drafts), i)
-            if gate:
+            if gate and not hindsight(prop.source):
                 gate.record_verify(prop.source, len(drafts), i, prop.probs)
+        if gate:
+            gate.see_output(out)
         return tok, logits[i]
+
+    def hindsight(name):
+        return gate.enabled and any(s.name == name and getattr(s, "free", False) for s in sources)
 
     def propose(pick, pos, k_max):
         props = []
         for src in sources:
             k = gate.plan(src.name, k_max) if gate else k_max
-            if k <= 0:
-                continue
-            pstep = gate is not None and gate.enabled and gate.pstep
-            prop = src.propose(history, pick, pos, k, gate if pstep else None)
-            if not prop or not prop.tokens:
-                continue
-            if gate:
-                gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds)
-                if prop.probs is not None and pstep:
-                    prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
-                    prop.probs = prop.probs[:len(prop.tokens)]
-            if prop.tokens:
+            if gate and hindsight(src.name):
+                prop = src.propose(history, pick, pos, k_max) if k_max > 0 else None
+                if prop and prop.tokens:                 # judged in full, carried up to k
+                    gate.judge_later(src.name, prop.tokens, len(out))
+                    prop.tokens = prop.tokens[:k]
+            elif k > 0:
+                pstep = gate is not None and gate.enabled and gate.pstep
+                prop = src.propose(history, pick, pos, k, gate if pstep else None)
+                if prop and prop.tokens and gate:
+                    gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds)
+                    if prop.probs is not None and pstep:
+                        prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
+                        prop.probs = prop.probs[:len(prop.tokens)]
+            else:
+                prop = None
+            if prop and prop.tokens:
                 props.append(prop)
         return choose(props, gate)
 

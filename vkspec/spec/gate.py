@@ -24,6 +24,11 @@ Terms:
   ``pick_p`` prices only the verify (the drafts are written); ``deeper_p``
   lets the head write draft n+1 only when no shorter verify is worth more and
   n+1 drafts, the new one as likely as the best bin, beat a plain step and n.
+* hindsight: a source whose proposals cost nothing (prompt lookup) shows the
+  gate its whole proposal every round, carried or not; once the output has
+  settled those tokens, the gate records them as if verified. So a_j learns
+  from every proposal (a declined one too), not only from the drafts it
+  dared to carry; the deeper positions do not wait for probes.
 * disabled: every proposal is drafted in full (tests).
 """
 
@@ -93,6 +98,7 @@ class Gate:
         self.picks = 0
         self.since_plain = 0
         self.declined = self.probes = self.forced_plain = 0
+        self.pending: list[tuple[str, list[int], int]] = []    # hindsight: (source, tokens, at)
 
     def source(self, name: str) -> SourceStats:
         if name not in self.stats:
@@ -114,6 +120,24 @@ class Gate:
             s.rates[j - 1].add(j <= accepted)
             if probs is not None:
                 s.bins[_bin(probs[j - 1])].add(j <= accepted)
+
+    def judge_later(self, name: str, tokens: list[int], at: int):
+        """A free source proposed `tokens` as output[at], output[at+1], ..."""
+        self.pending.append((name, list(tokens), at))
+
+    def see_output(self, out: list[int]):
+        """Settle the hindsight proposals the output now decides."""
+        still = []
+        for name, toks, at in self.pending:
+            known = out[at:at + len(toks)]
+            hit = 0
+            while hit < len(known) and known[hit] == toks[hit]:
+                hit += 1
+            if hit < len(known) or len(known) == len(toks):
+                self.record_verify(name, len(toks), hit)
+            else:
+                still.append((name, toks, at))
+        self.pending = still
 
     def record_draft_time(self, name: str, extra_drafts: int, seconds: float):
         if extra_drafts > 0:

@@ -25,6 +25,7 @@ class Proposal:
 
 class PromptLookup:
     name = "lookup"
+    free = True               # proposing costs nothing: the gate may judge every proposal in hindsight
 
     def __init__(self, max_drafts: int = 5, max_ngram: int = 4, min_ngram: int = 2):
         self.max_drafts = min(max_drafts, 5)

@@ -1,0 +1,155 @@
+"""gemv compiled by numba: the float32 operations of exact.gemv, in its order.
+
+Why a compiled twin at all: NumPy's elementwise loops move every product
+through memory, so an extra row of a verify block cost ~0.55 of a whole step
+on the CPU path and speculation could never pay there. Here each weight row is
+read once from memory and reused from L1 by every row of the block.
+
+Why it is still exact: numba compiles without fast-math, so LLVM neither
+reassociates the lane sums nor fuses a multiply with an add (no contraction
+flags), and it leaves the FPU's denormal mode alone. ``test_exact_core`` holds
+it to exact.gemv bit for bit (NaN, infinities, denormals, ragged shapes) and
+checks the machine code for fused multiply-adds. ``VKSPEC_CPU_JIT=0`` runs the
+NumPy definition instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from numba import njit, prange
+
+from .. import exact
+
+BLOCK = 32                  # weight rows per parallel work item
+
+assert exact.REDUCE_LANES == 32 and exact.REDUCE_VEC == 4
+
+
+def enabled() -> bool:
+    return os.environ.get("VKSPEC_CPU_JIT", "1") != "0"
+
+
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _lanes(acc, xr, wm, k):
+    """acc[j] = +0 + the products xr[128c + j] * wm[128c + j] (c ascending, < k).
+
+    The +0 start is part of the definition: it turns an all -0 sum into +0, so
+    a lane is never -0 and adding the +0 products of exact.gemv's zero padding
+    changes nothing: the padding is skipped here."""
+    for j in range(128):
+        acc[j] = np.float32(0.0)
+    full = k // 128
+    for c in range(full):
+        xs = xr[c * 128:c * 128 + 128]
+        ws = wm[c * 128:c * 128 + 128]
+        for j in range(128):
+            acc[j] = acc[j] + xs[j] * ws[j]
+    rest = k - full * 128
+    xs = xr[full * 128:full * 128 + rest]
+    ws = wm[full * 128:full * 128 + rest]
+    for j in range(rest):
+        acc[j] = acc[j] + xs[j] * ws[j]
+
+
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _finish(acc, s, used):
+    """exact._finish for one row: (x+y)+(z+w) per lane, then the lane tree.
+
+    Lanes from `used` on hold only padding (+0); adding them is the identity
+    (no lane is -0), so they are left out."""
+    for lane in range(used):
+        s[lane] = (acc[4 * lane] + acc[4 * lane + 1]) + (acc[4 * lane + 2] + acc[4 * lane + 3])
+    stride = 16
+    while stride > 0:
+        for i in range(used - stride):
+            s[i] = s[i] + s[i + stride]
+        used = min(used, stride)
+        stride //= 2
+    return s[0]
+
+
+@njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
+def _gemv(w, x, out):
+    """out[i, r, m] = dot(x[i, r], w[i, m]) over x's width, for a batch of matrices."""
+    batch, rows = w.shape[0], w.shape[1]
+    k = x.shape[2]
+    used = min(32, (k + 3) // 4)
+    blocks = (rows + BLOCK - 1) // BLOCK
+    for ib in prange(batch * blocks):
+        i, b = ib // blocks, ib % blocks
+        acc = np.empty(128, np.float32)
+        s = np.empty(32, np.float32)
+        for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
+            wm = w[i, m]
+            for r in range(x.shape[1]):
+                _lanes(acc, x[i, r], wm, k)
+                out[i, r, m] = _finish(acc, s, used)
+
+
+@njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
+def _weighted_rows(p, v, lens, out):
+    """out[i, r, d] = dot(p[i, r, :lens[r]], v[i, :lens[r], d]): every column d
+    of v reduced in the canonical order, all columns at once."""
+    batch, n = p.shape[0], p.shape[1]
+    width = v.shape[2]
+    for ir in prange(batch * n):
+        i, r = ir // n, ir % n
+        acc = np.zeros((128, width), np.float32)
+        s = np.empty((32, width), np.float32)
+        for t in range(lens[r]):
+            pt = p[i, r, t]
+            vt = v[i, t]
+            a = acc[t % 128]
+            for d in range(width):
+                a[d] = a[d] + pt * vt[d]
+        for lane in range(32):
+            for d in range(width):
+                s[lane, d] = (acc[4 * lane, d] + acc[4 * lane + 1, d]) + (acc[4 * lane + 2, d] + acc[4 * lane + 3, d])
+        stride = 16
+        while stride > 0:
+            for j in range(stride):
+                for d in range(width):
+                    s[j, d] = s[j, d] + s[j + stride, d]
+            stride //= 2
+        for d in range(width):
+            out[i, r, d] = s[0, d]
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def gemv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """exact.gemv(w, x): w (M, >= K) zero-padded past K, x (n, K) -> (n, M)."""
+    return gemv_batched(w[None], x[None])[0]
+
+
+def gemv_batched(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(B, M, >= K), (B, n, K) -> (B, n, M): exact.gemv(w[i], x[i]) for each i."""
+    assert w.shape[-1] >= x.shape[-1]
+    out = np.empty((w.shape[0], x.shape[1], w.shape[1]), dtype=np.float32)
+    _gemv(_f32(w), _f32(x), out)
+    return out
+
+
+def weighted_rows(p: np.ndarray, v: np.ndarray, lens) -> np.ndarray:
+    """(B, n, L), (B, L, D), lens (n,) -> (B, n, D): row r is
+    exact.dot(p[i, r, :lens[r]], v[i, :lens[r]].T), the attention's output."""
+    out = np.empty((p.shape[0], p.shape[1], v.shape[2]), dtype=np.float32)
+    _weighted_rows(_f32(p), _f32(v), np.ascontiguousarray(lens, dtype=np.int64), out)
+    return out
+
+
+def machine_code() -> str:
+    """The kernels' assembly, compiled afresh (numba cannot show cached code)."""
+    opts = dict(parallel=True, boundscheck=False, error_model="numpy")
+    gemv_ = njit(**opts)(_gemv.py_func)
+    gemv_(np.zeros((1, BLOCK, 256), np.float32), np.zeros((1, 2, 200), np.float32),
+          np.empty((1, 2, BLOCK), np.float32))
+    rows_ = njit(**opts)(_weighted_rows.py_func)
+    rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
+          np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
+    return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values()))
