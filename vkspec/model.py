@@ -334,17 +334,20 @@ class Model:
         qkvz = ops.gemv(w.qkvz, h)
         ba = ops.gemv(w.ba, h)
         cd = 2 * nk * dk + nv * dv
+        K = w.conv.shape[1]
+        mixed, window = ops.conv_step(ring, qkvz[:, :cd], w.conv)
+        q, k, beta, decay = ops.deltanet_prep(
+            mixed[:, :nk * dk].reshape(n, nk, dk), mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk),
+            ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
+        rep = np.arange(nv) // (nv // nk)
+        v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
         out = np.empty((n, nv, dv), f32)
         for i in range(n):
-            mixed = ops.conv_step(ring, qkvz[i, :cd], w.conv)
-            q = mixed[:nk * dk].reshape(nk, dk)
-            k = mixed[nk * dk:2 * nk * dk].reshape(nk, dk)
-            v = mixed[2 * nk * dk:].reshape(nv, dv)
-            out[i] = ops.deltanet_step(ssm, q, k, v, ba[i, :nv], ba[i, nv:], w.dt_bias, w.neg_exp_a,
-                                       f32(dk ** -0.5))
+            out[i] = ops.deltanet_step(ssm, q[i, rep], k[i, rep], v[i], beta[i], decay[i])
             if i < len(kept):
-                kept[i][0].append(ring.copy())
+                kept[i][0].append(window[i + 1:i + K].copy())
                 kept[i][1].append(ssm.copy())
+        ring[:] = window[n:]
         z = qkvz[:, cd:].reshape(n, nv, dv)
         o = ops.rmsnorm_gated(out, w.norm, z, c.rms_norm_eps).reshape(n, nv * dv)
         return ops.gemv(w.out, o)
@@ -358,11 +361,16 @@ class Model:
         if w.shared is not None:
             sg = ops.gemv(w.shared_gate, h)[:, 0]
             sh = self.mlp(w.shared, h)
+        routes = [ops.route(probs[i], c.num_experts_per_tok, c.norm_topk_prob) for i in range(len(h))]
+        ys = {}                                 # (row, expert) -> output; an expert runs its rows at once
+        for e in sorted({int(e) for idx, _ in routes for e in idx}):
+            rows = [i for i, (idx, _) in enumerate(routes) if e in idx]
+            for i, y in zip(rows, self.mlp(w.experts[e], h[rows])):
+                ys[i, e] = y
         out = np.empty_like(h)
-        for i in range(h.shape[0]):
-            idx, wt = ops.route(probs[i], c.num_experts_per_tok, c.norm_topk_prob)
-            ys = [self.mlp(w.experts[e], h[i]) for e in idx]
-            out[i] = ops.moe_combine(ys, wt, *((sh[i], sg[i]) if w.shared is not None else ()))
+        for i, (idx, wt) in enumerate(routes):
+            out[i] = ops.moe_combine([ys[i, int(e)] for e in idx], wt,
+                                     *((sh[i], sg[i]) if w.shared is not None else ()))
         return out
 
     def rewind(self, st: State, keep: int):

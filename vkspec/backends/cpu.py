@@ -118,30 +118,33 @@ def attend_row(q, kc, vc, scale) -> np.ndarray:
     return exact.dot(p[:, None, :], vh)                  # (nh, hd)
 
 
-def conv_step(ring, x, w) -> np.ndarray:
-    """Causal depthwise conv over [ring (K-1 rows, oldest first), x], then silu;
-    the ring moves on by one row. Taps are summed in order 0..K-1."""
-    window = np.concatenate([ring, x[None]], axis=0)     # (K, C)
+def conv_step(ring, x, w) -> tuple[np.ndarray, np.ndarray]:
+    """Causal depthwise conv of a block of rows x (n, C) over [ring (K-1 rows,
+    oldest first), x], then silu; taps summed in order 0..K-1, every row as if
+    alone. Returns (out (n, C), window): the ring after row i is
+    window[i+1:i+K]; the caller keeps the last one."""
+    window = np.concatenate([ring, x], axis=0)          # (K-1+n, C)
+    n, taps = x.shape[0], w.shape[1]
     acc = np.zeros(x.shape, f32)
-    for i in range(window.shape[0]):
-        acc = acc + w[:, i] * window[i]
-    ring[:-1] = ring[1:]
-    ring[-1] = x
-    return exact.silu(acc)
+    for t in range(taps):
+        acc = acc + w[:, t] * window[t:t + n]
+    return exact.silu(acc), window
 
 
-def deltanet_step(S, q, k, v, b, a, dt_bias, neg_exp_a, scale) -> np.ndarray:
-    """One row of the gated delta rule; updates S (nv, dk, dv) in place.
-
-    S <- S * exp(g); delta = (v - S^T k) * beta; S <- S + k delta^T; o = S^T q,
-    with g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)."""
-    nv, nk = S.shape[0], q.shape[0]
+def deltanet_prep(q, k, b, a, dt_bias, neg_exp_a, scale):
+    """The parts of the delta rule that need no state, for a block of rows:
+    q, k (n, nk, dk) L2-normalised (q scaled by `scale`), beta = sigmoid(b),
+    decay = exp(-exp(A_log) * softplus(a + dt_bias)), both (n, nv)."""
     q = l2norm(q) * f32(scale)
     k = l2norm(k)
-    rep = np.arange(nv) // (nv // nk)
-    qh, kh = q[rep], k[rep]
-    beta = exact.sigmoid(b)
-    decay = exact.exp(neg_exp_a * exact.softplus(a + dt_bias))
+    return q, k, exact.sigmoid(b), exact.exp(neg_exp_a * exact.softplus(a + dt_bias))
+
+
+def deltanet_step(S, qh, kh, v, beta, decay) -> np.ndarray:
+    """One row of the gated delta rule; updates S (nv, dk, dv) in place.
+
+    S <- S * decay; delta = (v - S^T k) * beta; S <- S + k delta^T; o = S^T q,
+    with q, k already repeated to the nv value heads."""
     S *= decay[:, None, None]
     kv_mem = matvecs(S.transpose(0, 2, 1), kh[:, None, :])[:, 0]   # (nv, dv)
     delta = (v - kv_mem) * beta[:, None]
