@@ -151,12 +151,14 @@ def test_speculative_bench_writes_table_json_and_plot(tmp_path):
     d = make_tiny(tmp_path / "echo", seed=1, mtp=True, echo=True)
     out = tmp_path / "bench"
     res = vkspec("bench", str(d), "-n", "12", "--backends", "cpu", "--modes", "off,lookup,mtp,auto",
-                 "--out", str(out))
+                 "--out", str(out), "--rounds", "2")
     assert res.returncode == 0, res.stderr
     assert "| cpu | code-edit | mtp |" in res.stdout and "| cpu | chat | auto |" in res.stdout
     assert "NO" not in res.stdout                      # every run's text equals plain decoding's
     rows = json.loads((out / "bench.json").read_text())
-    assert len(rows) == 8 and all(r["identical"] for r in rows)
+    assert len(rows) == 8 and all(r["identical"] and r["rounds"] == 2 for r in rows)
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "bench.md").read_text().startswith("vkspec bench:")
     assert "vkspec bench" in res.stderr                # the progress bar
+    bad = vkspec("bench", str(d), "--backends", "cpu", "--rounds", "0", "--out", str(tmp_path / "b2"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--rounds" in bad.stderr, bad.stderr

@@ -11,6 +11,7 @@ PNG plot; a progress bar runs on stderr.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -60,7 +61,11 @@ def encode_prompt(model_dir, prompt) -> list[int]:
 
 
 def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "auto"), n: int = 96,
-        dtype: str = "f32", prompts=("code-edit", "chat"), out_dir=None, progress=True) -> list[dict]:
+        dtype: str = "f32", prompts=("code-edit", "chat"), out_dir=None, progress=True,
+        rounds: int = 1) -> list[dict]:
+    """One row per (backend, prompt, mode). With rounds > 1 the modes run
+    interleaved that many times and tok/s, TTFT and tokens per forward are
+    medians (the gate's choices, so the counters, depend on measured time)."""
     from tqdm import tqdm
 
     from .model import load_model
@@ -69,41 +74,34 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
     from .spec.sources import build
     from .tokenizer import load_tokenizer
     tok = load_tokenizer(model_dir)
-    rows, plain = [], {}
-    jobs = [(b, p, m) for b in backends for p in prompts for m in modes]
-    bar = tqdm(total=len(jobs), desc="vkspec bench", unit="run", disable=not progress)
+    rows = []
+    bar = tqdm(total=len(backends) * len(prompts) * len(modes) * rounds, desc="vkspec bench", unit="run",
+               disable=not progress)
     for backend in backends:
         model = load_model(model_dir, fmt=dtype, backend=backend)
         has_mtp = getattr(model.w, "mtp", None) is not None
         for pname in prompts:
             ids = encode_prompt(model_dir, PROMPTS[pname])
-            for mode in modes:
-                bar.set_postfix_str(f"{backend} {pname} {mode}")
-                if mode == "mtp" and not has_mtp:
-                    rows.append(dict(backend=backend, prompt=pname, mode=mode, skipped="no MTP head"))
+            runs = {m: [] for m in modes if m != "mtp" or has_mtp}
+            for rnd in range(rounds):
+                for mode in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
+                    bar.set_postfix_str(f"{backend} {pname} {mode}")
+                    cfg = SpecConfig(spec_mode=mode)
+                    if rnd == 0:
+                        generate_spec(model, ids[:8], 2, Sampler(), *build(model, cfg))      # record shapes
+                    sources, gate = build(model, cfg)
+                    t0 = time.perf_counter()
+                    r = generate_spec(model, ids, n, Sampler(), sources, gate,
+                                      stop=set(model.cfg.eos_token_id))
+                    runs[mode].append((r, time.perf_counter() - t0))
                     bar.update()
+            plain = runs.get("off", [(None, 0)])[0][0]
+            for mode in modes:
+                if mode not in runs:
+                    rows.append(dict(backend=backend, prompt=pname, mode=mode, skipped="no MTP head"))
+                    bar.update(rounds)
                     continue
-                cfg = SpecConfig(spec_mode=mode)
-                generate_spec(model, ids[:8], 2, Sampler(), *build(model, cfg))      # record shapes
-                sources, gate = build(model, cfg)
-                t0 = time.perf_counter()
-                r = generate_spec(model, ids, n, Sampler(), sources, gate,
-                                  stop=set(model.cfg.eos_token_id))
-                wall = time.perf_counter() - t0
-                c = r.counters
-                if mode == "off":
-                    plain[backend, pname] = r
-                ref = plain.get((backend, pname))
-                rows.append(dict(
-                    backend=backend, prompt=pname, mode=mode, tokens=len(r.tokens), forwards=r.forwards,
-                    tokens_per_forward=len(r.tokens) / max(r.forwards, 1), drafted=c.drafted,
-                    accepted=c.accepted, acceptance=c.accepted / c.drafted if c.drafted else None,
-                    by_position=[t / k for k, t in zip(c.carried, c.taken) if k],
-                    decode_tok_s=r.decode_tok_s, ttft_s=r.prefill_s, wall_s=wall,
-                    identical=None if ref is None else (r.tokens == ref.tokens and r.digest == ref.digest),
-                    speedup=None if ref is None else r.decode_tok_s / ref.decode_tok_s,
-                    text=tok.decode(r.tokens)))
-                bar.update()
+                rows.append(_row(backend, pname, mode, runs[mode], runs.get("off"), plain, tok))
         del model
     bar.close()
     if out_dir:
@@ -114,6 +112,24 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
                                                     for r in rows], indent=1) + "\n")
         plot(rows, out / "bench.png", Path(model_dir).name)
     return rows
+
+
+def _row(backend, pname, mode, runs, plain_runs, plain, tok) -> dict:
+    """A table row from one mode's rounds (and plain decoding's, side by side)."""
+    med = statistics.median
+    r, c = runs[0][0], runs[0][0].counters
+    tok_s = med(x.decode_tok_s for x, _ in runs)
+    base = med(x.decode_tok_s for x, _ in plain_runs) if plain_runs else None
+    return dict(
+        backend=backend, prompt=pname, mode=mode, rounds=len(runs), tokens=len(r.tokens), forwards=r.forwards,
+        tokens_per_forward=med(len(x.tokens) / max(x.forwards, 1) for x, _ in runs), drafted=c.drafted,
+        accepted=c.accepted, acceptance=c.accepted / c.drafted if c.drafted else None,
+        by_position=[t / k for k, t in zip(c.carried, c.taken) if k],
+        decode_tok_s=tok_s, ttft_s=med(x.prefill_s for x, _ in runs), wall_s=med(w for _, w in runs),
+        identical=None if plain is None else all(x.tokens == plain.tokens and x.digest == plain.digest
+                                                 for x, _ in runs),
+        speedup=None if base is None else tok_s / base,
+        text=tok.decode(r.tokens))
 
 
 def table(rows, model_dir, n) -> str:

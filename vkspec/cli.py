@@ -80,8 +80,11 @@ def _bench(args) -> int:
     from .model import load_model
     if not args.verify_cost:
         from .bench_spec import run, table
+        from .errors import VkspecError
+        if args.rounds < 1:
+            raise VkspecError(f"--rounds must be at least 1, got {args.rounds}")
         rows = run(args.model, backends=args.backends.split(","), modes=args.modes.split(","), n=args.n,
-                   dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out)
+                   dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out, rounds=args.rounds)
         if args.json:
             print(json.dumps([{k: v for k, v in r.items() if k != "text"} for r in rows]))
         else:
@@ -284,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
     p.add_argument("--device-gb", type=float, default=None)
     p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the modes interleaved this many times; tok/s and TTFT are medians")
     p.add_argument("--json", action="store_true")
 
     args = ap.parse_args(argv)

@@ -19,6 +19,16 @@ CONFIGS = {
 }
 
 
+def backends_arg(args: list[str]) -> tuple[str, ...]:
+    """Take `--backends cpu,vulkan` out of args (both by default)."""
+    if "--backends" not in args:
+        return ("cpu", "vulkan")
+    i = args.index("--backends")
+    backends = tuple(args[i + 1].split(","))
+    del args[i:i + 2]
+    return backends
+
+
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 32
     for name, kw in CONFIGS.items():

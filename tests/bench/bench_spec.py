@@ -7,7 +7,7 @@ bench_decode 20M shape."""
 import sys
 import tempfile
 
-from bench_decode import CONFIGS
+from bench_decode import CONFIGS, backends_arg
 
 from vkspec.generate import generate
 from vkspec.model import load_model
@@ -20,12 +20,15 @@ PROMPT = [40, 41, 42, 43, 44, 45, 46, 47] * 4 + [3, 17]
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 96
+    """bench_spec.py [N] [--backends cpu,vulkan]"""
+    args = sys.argv[1:]
+    backends = backends_arg(args)
+    n = int(args[0]) if args else 96
     print(f"{'model':<6}{'backend':<8}{'spec':<8}{'tok/fwd':>8}{'tok/s':>8}{'x plain':>8}  acceptance")
     for name, kw in CONFIGS.items():
         with tempfile.TemporaryDirectory() as d:
             make_tiny(d, seed=0, mtp=True, echo=True, **kw)
-            for backend in ("cpu", "vulkan"):
+            for backend in backends:
                 model = load_model(d, backend=backend)
                 generate(model, PROMPT, 8)                          # warm up (records shapes)
                 plain = generate(model, PROMPT, n)
