@@ -160,6 +160,9 @@ def test_hindsight_judges_whole_lookup_proposals_once_the_output_decides():
     rates = g.source("lookup").rates
     # draft 1 judged twice (hit, miss), 2 and 3 once (hits), 4 once (miss), from the prior 1/2
     assert [r.p for r in rates[:4]] == pytest.approx([0.5, 2 / 3, 2 / 3, 1 / 3])
+    g.judge_later("lookup", [1, 2], at=len(out))        # the output ends before it is known
+    g.begin()                                           # the next turn's output is another one
+    assert g.pending == []
 
 
 def test_hindsight_lets_lookup_learn_while_the_gate_declines():

@@ -41,6 +41,8 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         raise ValueError(f"the state holds {st.kv_len} rows, the reused prefix is {fed} of {len(prompt)}")
     history = list(prompt)
     t0 = time.perf_counter()
+    if gate:
+        gate.begin()
     for src in sources:
         src.begin(model, st, prompt, fed)
     for i in range(fed, len(prompt), block):

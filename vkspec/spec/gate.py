@@ -121,6 +121,11 @@ class Gate:
             if probs is not None:
                 s.bins[_bin(probs[j - 1])].add(j <= accepted)
 
+    def begin(self):
+        """A new output starts (a server keeps its gate across turns): hindsight
+        proposals about an earlier output are dropped unjudged."""
+        self.pending = []
+
     def judge_later(self, name: str, tokens: list[int], at: int):
         """A free source proposed `tokens` as output[at], output[at+1], ..."""
         self.pending.append((name, list(tokens), at))
