@@ -41,12 +41,19 @@ CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
-def corpus():
-    files = sorted(glob.glob(str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")))
+def corpus(kind: str = "top"):
+    """(train texts, held-out texts, held-out names relative to the stdlib).
+    top: Lib/*.py; tree: every .py under Lib but site-packages and test suites."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    if kind == "tree":
+        files = sorted(str(f.relative_to(lib)) for f in lib.rglob("*.py")
+                       if not {"site-packages", "test", "tests"} & set(f.relative_to(lib).parts[:-1]))
+    else:
+        files = sorted(Path(f).name for f in glob.glob(str(lib / "*.py")))
     train = [f for i, f in enumerate(files) if i % 10]
     held = [f for i, f in enumerate(files) if i % 10 == 0]
-    read = lambda fs: [Path(f).read_text(encoding="utf-8", errors="replace") for f in fs]  # noqa: E731
-    return read(train), read(held), [Path(f).name for f in held]
+    read = lambda fs: [(lib / f).read_text(encoding="utf-8", errors="replace") for f in fs]  # noqa: E731
+    return read(train), read(held), held
 
 
 def train_tokenizer(texts, vocab):
@@ -116,6 +123,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)   # 3e-3 made the MTP branch diverge
+    ap.add_argument("--corpus", choices=["top", "tree"], default="top",
+                    help="top: Lib/*.py; tree: every .py under Lib but site-packages and test suites")
     ap.add_argument("--init", default=None,
                     help="continue from a checkpoint this script wrote (same corpus and tokenizer)")
     a = ap.parse_args()
@@ -124,7 +133,7 @@ def main():
     rng = np.random.default_rng(a.seed)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, held, held_names = corpus()
+    train, held, held_names = corpus(a.corpus)
     tok = Tokenizer.from_file(str(Path(a.init) / "tokenizer.json")) if a.init else train_tokenizer(train, a.vocab)
     eot = tok.token_to_id("<|endoftext|>")
     enc = lambda texts: np.array([i for t in texts for i in tok.encode(t).ids + [eot]], np.int32)  # noqa: E731
@@ -208,7 +217,7 @@ def main():
                  {k: prev[k] for k in ("steps", "train_seconds", "tokens_seen", "heldout_loss")}, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
                  train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
                  heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
-                 torch=torch.__version__, threads=a.threads, seed=a.seed, log=log)
+                 torch=torch.__version__, threads=a.threads, seed=a.seed, corpus=a.corpus, log=log)
     (out / "training.json").write_text(json.dumps(stats, indent=1) + "\n")
     print(json.dumps({k: v for k, v in stats.items() if k != "log"}))
 

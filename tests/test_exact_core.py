@@ -160,8 +160,8 @@ def test_compiled_gemv_has_no_fused_multiply_add():
 
 
 @pytest.mark.parametrize("batch,rows,n,k", [(1, 1, 1, 1), (9, 140, 1, 64), (9, 64, 1, 300), (4, 33, 3, 129)])
-def test_compiled_matvecs_are_the_numpy_definition(batch, rows, n, k, monkeypatch):
-    """cpu.matvecs (attention scores/outputs, the delta rule) with and without numba."""
+def test_compiled_batched_gemv_is_the_numpy_definition(batch, rows, n, k):
+    """cpu_jit.gemv_batched (attention scores) against exact.dot, entry by entry."""
     rng = np.random.default_rng(batch * rows + k)
     w = (rng.standard_normal((batch, rows, k)) * 3).astype(np.float32)
     x = rng.standard_normal((batch, n, k)).astype(np.float32)
@@ -169,9 +169,25 @@ def test_compiled_matvecs_are_the_numpy_definition(batch, rows, n, k, monkeypatc
     x[0, 0] = -np.abs(x[0, 0]) - np.float32(1.0)   # an all -0 sum is +0
     if k > 3:
         x[-1, -1, :3] = [np.inf, np.nan, np.float32(1e-42)]
-    compiled = cpu_ops.matvecs(w, x)
+    bits_equal(cpu_jit.gemv_batched(w, x), exact.dot(x[:, :, None, :], w[:, None, :, :]))
+
+
+@pytest.mark.parametrize("batch,n,L,d", [(1, 1, 1, 1), (4, 1, 48, 48), (3, 18, 300, 64), (2, 2, 129, 5)])
+def test_compiled_vecmats_are_the_numpy_definition(batch, n, L, d, monkeypatch):
+    """cpu.vecmats (attention outputs, the delta rule's S^T k) with and without
+    numba, rows of their own lengths; past a row's length v may hold inf."""
+    rng = np.random.default_rng(batch * L + d)
+    x = rng.standard_normal((batch, n, L)).astype(np.float32)
+    v = (rng.standard_normal((batch, L, d)) * 3).astype(np.float32)
+    v[0, :, 0] = 0.0
+    x[0, 0] = -np.abs(x[0, 0]) - np.float32(1.0)   # an all -0 sum is +0
+    lens = np.maximum(1, L - np.arange(n) * 7)
+    if L > lens[-1]:
+        v[-1, lens[-1]:, -1] = np.inf               # outside the last row's reach
+    compiled = cpu_ops.vecmats(x, v, lens)
     monkeypatch.setenv("VKSPEC_CPU_JIT", "0")
-    bits_equal(compiled, cpu_ops.matvecs(w, x))
+    bits_equal(compiled, cpu_ops.vecmats(x, v, lens))
+    assert np.isfinite(compiled[-1, -1]).all()
 
 
 @pytest.mark.parametrize("poison", [False, True])

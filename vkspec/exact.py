@@ -288,11 +288,18 @@ def rmsnorm(x, w, eps: float, inv_n=None) -> np.ndarray:
         return (x * r[..., None]) * _arr(w)
 
 
-def softmax(x) -> np.ndarray:
+def softmax(x, valid=None) -> np.ndarray:
+    """exp(x - max x) * recip(sum exp(x - max x)) over the last axis. With a
+    mask `valid`, entries outside it are +0 and take no part: the row's bits
+    equal those of its valid prefix alone, as the padding's +0 adds nothing."""
     x = _arr(x)
     with np.errstate(all="ignore"):
-        m = np.max(x, axis=-1, keepdims=True)
-        e = exp(x - m)
+        if valid is None:
+            m = np.max(x, axis=-1, keepdims=True)
+            e = exp(x - m)
+        else:
+            m = np.max(np.where(valid, x, f32(-np.inf)), axis=-1, keepdims=True)
+            e = np.where(valid, exp(x - m), f32(0.0))
         return e * recip(reduce_sum(e))[..., None]
 
 

@@ -13,10 +13,8 @@ f32 = np.float32
 
 
 def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
-    """x (..., cols) -> (..., rows); every row as if alone.
-
-    The compiled twin (cpu_jit) computes exact.gemv's bits when numba is there.
-    """
+    """x (..., cols) -> (..., rows); every row as if alone (cpu_jit's
+    compiled kernel, or exact.gemv itself under VKSPEC_CPU_JIT=0: same bits)."""
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -75,11 +73,16 @@ def rope(x, cos, sin) -> np.ndarray:
     return out
 
 
-def matvecs(w, x) -> np.ndarray:
-    """(B, M, K), (B, n, K) -> (B, n, M): a gemv per batch entry, in dot's order."""
+def vecmats(x, v, lens=None) -> np.ndarray:
+    """(B, n, L), (B, L, D) -> (B, n, D): row r is dot(x[b, r, :lens[r]],
+    v[b, :lens[r], d]) for every column d, in dot's order (lens: all of L)."""
+    lens = np.full(x.shape[1], x.shape[2]) if lens is None else np.asarray(lens)
     if cpu_jit.enabled():
-        return cpu_jit.gemv_batched(w, x)
-    return exact.dot(x[:, :, None, :], w[:, None, :, :])
+        return cpu_jit.weighted_rows(x, v, lens)
+    out = np.empty((x.shape[0], x.shape[1], v.shape[2]), f32)
+    for r, n in enumerate(lens):
+        out[:, r] = exact.dot(x[:, r, None, :n], v[:, :n].transpose(0, 2, 1))
+    return out
 
 
 def attend(q, kc, vc, lens, scale) -> np.ndarray:
@@ -98,12 +101,8 @@ def attend(q, kc, vc, lens, scale) -> np.ndarray:
     qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
     s = cpu_jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
     lens_q = np.repeat(np.asarray(lens), rep)
-    valid = np.arange(L)[None, :] < lens_q[:, None]
-    with np.errstate(all="ignore"):
-        m = np.max(np.where(valid, s, f32(-np.inf)), axis=-1, keepdims=True)
-        e = np.where(valid, exact.exp(s - m), f32(0.0))
-        p = e * exact.recip(exact.reduce_sum(e))[..., None]
-    o = cpu_jit.weighted_rows(p, vc[:L].transpose(1, 0, 2), lens_q)       # (nkv, n*rep, hd)
+    p = exact.softmax(s, np.arange(L)[None, :] < lens_q[:, None])
+    o = vecmats(p, vc[:L].transpose(1, 0, 2), lens_q)                     # (nkv, n*rep, hd)
     return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
 
 
@@ -146,10 +145,10 @@ def deltanet_step(S, qh, kh, v, beta, decay) -> np.ndarray:
     S <- S * decay; delta = (v - S^T k) * beta; S <- S + k delta^T; o = S^T q,
     with q, k already repeated to the nv value heads."""
     S *= decay[:, None, None]
-    kv_mem = matvecs(S.transpose(0, 2, 1), kh[:, None, :])[:, 0]   # (nv, dv)
+    kv_mem = vecmats(kh[:, None, :], S)[:, 0]                      # (nv, dv)
     delta = (v - kv_mem) * beta[:, None]
     S += kh[:, :, None] * delta[:, None, :]
-    return matvecs(S.transpose(0, 2, 1), qh[:, None, :])[:, 0]
+    return vecmats(qh[:, None, :], S)[:, 0]
 
 
 def route(probs, k: int, normalize: bool):
