@@ -1,9 +1,11 @@
 """Train vkspec's tiny Qwen3-Next-style hybrid and its MTP head (development
 only: torch and transformers are never needed to run vkspec).
 
-The corpus is the Python standard library's own sources (``Lib/*.py`` of the
-interpreter that runs this), available offline on every machine: files are
-sorted by name and every 10th one is held out. A byte-level BPE tokenizer is
+The corpus is the Python standard library's own sources, available offline on
+every machine: ``--corpus tree`` (the committed model) takes every ``.py`` under
+``Lib/`` but site-packages and test suites, ``--corpus top`` only ``Lib/*.py``
+(it overfits: ~2.8 epochs in 18 minutes); files are sorted by path and every
+10th one is held out. A byte-level BPE tokenizer is
 trained on the training files with ``tokenizers``. The trunk is transformers'
 ``Qwen3NextForCausalLM`` (3 Gated DeltaNet layers + 1 gated attention layer,
 8 routed experts top-2 plus a shared expert); the MTP head is written here
@@ -12,7 +14,7 @@ from transformers' own parts, as vkspec computes it:
 where h_t is the trunk's last layer output before its final norm, trained to
 predict token t+2.
 
-    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --minutes 20
+    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --corpus tree --minutes 20
 
 Deterministic for a given seed, thread count and torch build.
 """
