@@ -122,6 +122,22 @@ def test_prompt_lookup_longest_suffix_at_its_most_recent_occurrence():
     assert PromptLookup(9).max_drafts == 5
 
 
+def test_prompt_lookup_tells_a_copy_in_progress_from_a_fresh_match():
+    lk = PromptLookup(5)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    first = lk.propose(text + [0, 1], 2, 0, 5)              # copies text[2:] at offset 9
+    assert (first.tokens, first.kind, first.key) == ([3, 4, 5, 6, 7], "", "lookup")
+    on = lk.propose(text + [0, 1, 2, 3, 4], 5, 0, 5)       # the output followed it: same offset
+    assert (on.tokens, on.kind, on.key) == ([6, 7, 8, 9, 0], "copy", "lookup/copy")
+    ck = lk.checkpoint()
+    off = lk.propose(text + [0, 1, 2, 3, 4, 5, 9, 9, 1, 2], 3, 0, 5)   # left it, matched again later
+    assert off.kind == "" and lk.offset != ck
+    lk.restore(ck)                                          # a cancelled round puts it back
+    assert lk.offset == ck
+    lk.begin(None, None, [])
+    assert lk.propose(text + [0, 1, 2, 3, 4], 5, 0, 5).kind == ""      # a new output starts fresh
+
+
 def test_settings_from_toml_and_flags(tmp_path):
     f = tmp_path / "spec.toml"
     f.write_text('[spec]\nspec_mode = "mtp"\nspec_draft_max = 3\nspec_mtp_recurrent_snapshots = 2\n'
@@ -193,4 +209,4 @@ def test_hindsight_lets_lookup_learn_while_the_gate_declines():
     assert r.tokens == [2, 3, 0, 1] * 3
     assert g.declined >= 1                              # at first a draft did not pay
     assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12   # then it did
-    assert g.source("lookup").rates[0].p > 0.8
+    assert g.source("lookup/copy").rates[0].p > 0.8       # a copy in progress: its own rates

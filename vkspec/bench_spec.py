@@ -40,8 +40,8 @@ CODE = '''def summarize(orders):
 # for the model, as an editor integration does, so a small model copies the
 # function instead of talking about it
 PROMPTS = {
-    "code-edit": ("Here is a function:\n\n```python\n" + CODE + "```\n\nRename the variable total to "
-                  "revenue and print the whole function again.",
+    "code-edit": ("Rename the variable total to revenue in this function and print the whole function "
+                  "again.\n\n```python\n" + CODE + "```",
                   "```python\ndef summarize(orders):\n    revenue = 0\n    count"),
     "chat": ("What are three simple tips for staying focused while studying? Answer briefly.", ""),
 }

@@ -103,7 +103,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         if prop:
             counters.settled(prop.source, len(drafts), i)
             if gate and not hindsight(prop.source):
-                gate.record_verify(prop.source, len(drafts), i, prop.probs)
+                gate.record_verify(prop.key, len(drafts), i, prop.probs)
         if gate:
             gate.see_output(out)
         return tok, logits[i]
@@ -114,13 +114,12 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
     def propose(pick, pos, k_max):
         props = []
         for src in sources:
-            k = gate.plan(src.name, k_max) if gate else k_max
             if gate and hindsight(src.name):
                 prop = src.propose(history, pick, pos, k_max) if k_max > 0 else None
-                if prop and prop.tokens:                 # judged in full, carried up to k
-                    gate.judge_later(src.name, prop.tokens, len(out))
-                    prop.tokens = prop.tokens[:k]
-            elif k > 0:
+                if prop and prop.tokens:                 # judged in full, carried up to the plan
+                    gate.judge_later(prop.key, prop.tokens, len(out))
+                    prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens))]
+            elif (k := gate.plan(src.name, k_max) if gate else k_max) > 0:
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
@@ -168,7 +167,7 @@ def choose(proposals, gate):
     a tie."""
     best, best_v = None, float("-inf")
     for prop in proposals:
-        v = gate.value(prop.source, len(prop.tokens)) if gate else float(len(prop.tokens))
+        v = gate.value(prop.key, len(prop.tokens)) if gate else float(len(prop.tokens))
         if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
             best, best_v = prop, v
     return best

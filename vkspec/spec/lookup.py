@@ -5,6 +5,15 @@ output so far and the last pick) and also occurs earlier in it, at its most
 recent earlier occurrence, proposes the tokens that followed it there (up to
 ``max_drafts``, 5 at most). Code edits, quotes and repeated structure give long
 accepted runs; free text gives few proposals.
+
+* offset: how far back the copied text lies (history length minus where the
+  proposal starts in it).
+* kind "copy": the proposal has the offset of this source's previous one, so
+  it goes on with a copy the output has been following; a fresh match (the
+  first, or after the output left the text it copied) has kind "". The gate
+  keeps their acceptance apart: a copy in progress tends to go on for many
+  tokens, a fresh match of two tokens often does not, and one average rate
+  would draft too deep on the one and too shallow on the other.
 """
 
 from __future__ import annotations
@@ -21,6 +30,12 @@ class Proposal:
     probs: list[float] | None = None
     seconds: float = 0.0          # time spent writing drafts past the first
     extra: dict = field(default_factory=dict)
+    kind: str = ""                # a class the gate measures apart ("copy" for lookup)
+
+    @property
+    def key(self) -> str:
+        """The gate's name for this proposal's acceptance statistics."""
+        return f"{self.source}/{self.kind}" if self.kind else self.source
 
 
 class PromptLookup:
@@ -30,18 +45,19 @@ class PromptLookup:
     def __init__(self, max_drafts: int = 5, max_ngram: int = 4, min_ngram: int = 2):
         self.max_drafts = min(max_drafts, 5)
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.offset = None            # the previous proposal's offset
 
     def begin(self, model, state, prompt, fed=0):
-        pass
+        self.offset = None
 
     def observe(self, tokens, hidden, start_pos):
         pass
 
     def checkpoint(self):
-        return None
+        return self.offset
 
     def restore(self, ck):
-        pass
+        self.offset = ck
 
     def propose(self, history: list[int], pick: int, pos: int, k: int, gate=None) -> Proposal | None:
         seq = history + [pick]
@@ -54,6 +70,9 @@ class PromptLookup:
                 if seq[start:start + n] == tail:
                     follow = seq[start + n:start + n + k]
                     if follow:
-                        return Proposal(self.name, follow)
+                        offset = len(seq) - start - n
+                        kind = "copy" if offset == self.offset else ""
+                        self.offset = offset
+                        return Proposal(self.name, follow, kind=kind)
                     break
         return None
