@@ -66,23 +66,11 @@ vec4 load_w(uint row, uint col) {
 #endif
 }
 
-void main() {
-    uint row = gl_GlobalInvocationID.x;
-    if (row >= p.rows) return;
-    w_base = p.w_off;
-    s_base = p.s_off;
-    uint nvec = p.nvec, x_off = p.x_off, y_off = p.y_off;
-#ifdef ROUTED
-    uint pair = gl_GlobalInvocationID.y;
-    if (pair >= p.nvec) return;
-    uint e = slot_of[idx[p.idx_off + pair]];
-    if (e == 0xffffffffu) return;
-    w_base += e * p.w_expert;
-    s_base += e * p.s_expert;
-    nvec = 1u;
-    x_off += (pair / p.x_div) * p.x_stride;
-    y_off += pair * p.y_stride;
-#endif
+// Called with a constant row count, so that after inlining the driver can
+// unroll the row loops and keep acc and st in registers: with a variable
+// count Lavapipe kept them in memory and a 4096 x 192 gemv took ~11 ms
+// instead of ~1.7 ms.
+void rows_of(uint row, uint x_off, uint y_off, const uint nvec) {
     float st[MAXR][6];
     uint sp = 0u;
     for (uint i = 0u; i < REDUCE_LANES; i++) {
@@ -113,5 +101,34 @@ void main() {
 #else
         y[o] = st[r][0];
 #endif
+    }
+}
+
+void main() {
+    uint row = gl_GlobalInvocationID.x;
+    if (row >= p.rows) return;
+    w_base = p.w_off;
+    s_base = p.s_off;
+    uint nvec = p.nvec, x_off = p.x_off, y_off = p.y_off;
+#ifdef ROUTED
+    uint pair = gl_GlobalInvocationID.y;
+    if (pair >= p.nvec) return;
+    uint e = slot_of[idx[p.idx_off + pair]];
+    if (e == 0xffffffffu) return;
+    w_base += e * p.w_expert;
+    s_base += e * p.s_expert;
+    nvec = 1u;
+    x_off += (pair / p.x_div) * p.x_stride;
+    y_off += pair * p.y_stride;
+#endif
+    switch (nvec) {
+    case 1u: rows_of(row, x_off, y_off, 1u); break;
+    case 2u: rows_of(row, x_off, y_off, 2u); break;
+    case 3u: rows_of(row, x_off, y_off, 3u); break;
+    case 4u: rows_of(row, x_off, y_off, 4u); break;
+    case 5u: rows_of(row, x_off, y_off, 5u); break;
+    case 6u: rows_of(row, x_off, y_off, 6u); break;
+    case 7u: rows_of(row, x_off, y_off, 7u); break;
+    default: rows_of(row, x_off, y_off, 8u); break;
     }
 }
