@@ -5,7 +5,7 @@ import pytest
 from vkspec.errors import VkspecError
 from vkspec.spec.config import SpecConfig
 from vkspec.spec.decode import choose
-from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, Gate
+from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, Gate, Rate
 from vkspec.spec.lookup import PromptLookup, Proposal
 
 
@@ -32,6 +32,21 @@ def test_rho_is_fitted_and_measured_rows_cost_what_they_cost():
     g.record_draft_time("mtp", 2, 0.004)                  # d = 2 ms per extra draft
     e = 1 + 0.8 + 0.48
     assert g.value("mtp", 2) == pytest.approx(e / (1.4 + 1 * 0.2))    # (T(3) + d) / T(1)
+    g.record_draft_time("mtp", 0, 0.0, lead=0.005)        # d0 = 5 ms to the first draft
+    assert g.value("mtp", 2) == pytest.approx(e / (1.4 + 0.5 + 0.2))  # (T(3) + d0 + d) / T(1)
+    assert g.value("mtp", 2, written=True) == pytest.approx(e / 1.4)  # written drafts: the verify only
+
+
+def test_a_source_whose_first_draft_costs_a_step_is_declined():
+    """An MTP head pass as dear as half a plain step (Lavapipe) makes one
+    draft at 0.6 lose to a plain step, though the verify row alone pays."""
+    g = Gate(7)
+    g.record_forward(1, 0.010)
+    g.record_forward(2, 0.013)
+    g.source("mtp").rates = [Rate(0.6 * 16, 16)]
+    assert g.value("mtp", 1) > 1.0
+    g.record_draft_time("mtp", 0, 0.0, lead=0.005)
+    assert g.value("mtp", 1) < 1.0 and g.best("mtp", 1)[0] == 0
 
 
 def test_acceptance_runs_with_a_memory_of_16_verifies():

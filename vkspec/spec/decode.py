@@ -123,7 +123,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
-                    gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds)
+                    gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds, prop.lead)
                     if prop.probs is not None and pstep:
                         prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
                         prop.probs = prop.probs[:len(prop.tokens)]
@@ -167,7 +167,7 @@ def choose(proposals, gate):
     a tie."""
     best, best_v = None, float("-inf")
     for prop in proposals:
-        v = gate.value(prop.key, len(prop.tokens)) if gate else float(len(prop.tokens))
+        v = gate.value(prop.key, len(prop.tokens), written=True) if gate else float(len(prop.tokens))
         if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
             best, best_v = prop, v
     return best

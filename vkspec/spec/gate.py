@@ -11,13 +11,20 @@ Terms:
   T(1) (1 + (n-1) rho), rho fitted from the multi-row forwards measured once
   T(1) is (0.5 until then).
 * d: the measured seconds a source spends per draft past its first.
+* d0: the measured seconds a source spends to its first draft (the MTP head
+  reads the rows that stood and writes draft 1: a pass it skips when the
+  gate declines, so a declined round saves it; lookup's is ~0).
 * E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, the tokens a verify of k drafts
-  yields; cost(k) = (T(k+1) + (k-1) d) / T(1), in plain steps;
+  yields; cost(k) = (T(k+1) + d0 + (k-1) d) / T(1), in plain steps;
   value(k) = E(k) / cost(k). The gate drafts the best k only when value > 1.
+  Choosing between proposals already written, their writing is not counted.
 * probe: every PROBE_EVERY picks it tries one draft deeper than its best, so
   an estimate it stopped feeding can recover.
 * forced plain step: after FORCE_PLAIN_AFTER forwards without a plain step it
-  takes one, so T(1) stays measured.
+  takes one, so T(1) stays measured; and it takes one first while T(1) is
+  unknown, because every cost is in units of T(1) (without it, the priors
+  alone would draft and a dear draft source, such as an MTP head pass on
+  Lavapipe, would never be priced).
 * confidence bins: with per-draft probabilities p_j from the source (the MTP
   head's own), a_j becomes the acceptance measured for drafts in p_j's bin (ten
   bins, each starting at its own centre, worth PRIOR_WEIGHT verifies).
@@ -74,6 +81,7 @@ class SourceStats:
     rates: list[Rate] = field(default_factory=list)
     bins: list[Rate] = field(default_factory=lambda: [Rate.prior((b + 0.5) / BINS) for b in range(BINS)])
     d: float | None = None                    # seconds per draft past the first
+    d0: float | None = None                   # seconds to the first draft
 
     def a(self, j: int) -> float:
         """P(draft j accepted | drafts 1..j-1 were), j from 1."""
@@ -144,10 +152,13 @@ class Gate:
                 still.append((name, toks, at))
         self.pending = still
 
-    def record_draft_time(self, name: str, extra_drafts: int, seconds: float):
+    def record_draft_time(self, name: str, extra_drafts: int, seconds: float, lead: float | None = None):
+        s = self.source(name)
         if extra_drafts > 0:
-            s, per = self.source(name), seconds / extra_drafts
+            per = seconds / extra_drafts
             s.d = per if s.d is None else 0.8 * s.d + 0.2 * per
+        if lead is not None:
+            s.d0 = lead if s.d0 is None else 0.8 * s.d0 + 0.2 * lead
 
     # --- the model -----------------------------------------------------------------
     @property
@@ -170,13 +181,14 @@ class Gate:
             e += run
         return e
 
-    def value(self, name: str, k: int) -> float:
+    def value(self, name: str, k: int, written: bool = False) -> float:
+        """E(k) / cost(k); ``written``: the drafts exist, only the verify counts."""
         if k == 0:
             return 1.0
         s = self.source(name)
-        d = (s.d or 0.0) / self.t[1] if self.t.get(1) else 0.0
-        cost = self.cost_rows(k + 1) + (k - 1) * d
-        return self.expected([s.a(j) for j in range(1, k + 1)]) / cost
+        t1 = self.t.get(1)
+        write = 0.0 if written or not t1 else ((s.d0 or 0.0) + (k - 1) * (s.d or 0.0)) / t1
+        return self.expected([s.a(j) for j in range(1, k + 1)]) / (self.cost_rows(k + 1) + write)
 
     def best(self, name: str, k_max: int) -> tuple[int, float]:
         best_k, best_v = 0, 1.0
@@ -192,7 +204,7 @@ class Gate:
         k_max = min(self.k_max, k_max if k_max is not None else self.k_max)
         if not self.enabled:
             return k_max
-        if self.since_plain >= FORCE_PLAIN_AFTER:
+        if self.since_plain >= FORCE_PLAIN_AFTER or 1 not in self.t:
             self.forced_plain += 1
             return 0
         self.picks += 1

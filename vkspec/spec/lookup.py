@@ -29,6 +29,7 @@ class Proposal:
     tokens: list[int]
     probs: list[float] | None = None
     seconds: float = 0.0          # time spent writing drafts past the first
+    lead: float | None = None     # time spent writing the first draft (None: not measured)
     extra: dict = field(default_factory=dict)
     kind: str = ""                # a class the gate measures apart ("copy" for lookup)
 

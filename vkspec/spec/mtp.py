@@ -81,8 +81,10 @@ class MtpDrafts:
         k = min(k, self.model.ctx - 1 - pos)
         if k <= 0 or self.h_last is None:
             return None
+        t_lead = time.perf_counter()
         h, logits = self._head(self.pending + [(self.h_last, pick, pos)])
         self.pending, self.absorbed = [], pos
+        lead = time.perf_counter() - t_lead
         drafts, probs = [], []
         t0 = None
         while True:
@@ -94,4 +96,4 @@ class MtpDrafts:
             t0 = t0 or time.perf_counter()
             h, logits = self._head([(h, d, pos + len(drafts))])
         seconds = time.perf_counter() - t0 if t0 else 0.0
-        return Proposal(self.name, drafts, probs, seconds)
+        return Proposal(self.name, drafts, probs, seconds, lead=lead)
