@@ -225,3 +225,42 @@ def test_hindsight_lets_lookup_learn_while_the_gate_declines():
     assert g.declined >= 1                              # at first a draft did not pay
     assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12   # then it did
     assert g.source("lookup/copy").rates[0].p > 0.8       # a copy in progress: its own rates
+
+
+def test_a_forward_that_records_a_shape_is_not_a_measurement():
+    """A device forward of a new row count records its sequence (on Lavapipe
+    ~0.15 s, fifteen steps); that time must not become T(n)."""
+    import types
+
+    import numpy as np
+
+    from vkspec.sampling import Sampler
+    from vkspec.spec.decode import generate_spec
+
+    class Recording:                  # the next token is (last + 1) % 4; new row counts "record"
+        max_rows, cfg = 8, None
+
+        def __init__(self):
+            self.recordings, self.seen, self.calls = 0, set(), []
+
+        def new_state(self):
+            return types.SimpleNamespace(kv_len=0)
+
+        def forward(self, rows, st, logits_rows="all", copies=0):
+            new = len(rows) not in self.seen
+            self.seen.add(len(rows))
+            self.recordings += new
+            self.calls.append(new)
+            st.kv_len += len(rows)
+            logits = np.zeros((len(rows), 4), np.float32)
+            logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
+            return None, logits if logits_rows == "all" else logits[-1:]
+
+        def rewind(self, st, keep):
+            pass
+
+    m, g = Recording(), Gate(7)
+    r = generate_spec(m, [0, 1, 2, 3, 0, 1], 24, Sampler(), [PromptLookup(5)], g)
+    decoding = m.calls[1:]                              # after the prompt's one forward
+    assert r.tokens == [2, 3, 0, 1] * 6 and len(decoding) == r.forwards and any(decoding)
+    assert sum(len(v) for v in g.samples.values()) == decoding.count(False)   # recording ones skipped

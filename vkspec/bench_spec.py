@@ -79,6 +79,8 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
                disable=not progress)
     for backend in backends:
         model = load_model(model_dir, fmt=dtype, backend=backend)
+        if hasattr(model, "warm"):
+            model.warm()
         has_mtp = getattr(model.w, "mtp", None) is not None
         for pname in prompts:
             ids = encode_prompt(model_dir, PROMPTS[pname])

@@ -76,6 +76,7 @@ class VulkanModel:
         self.up = Uploader(self.dev)
         self._algos: dict = {}
         self._seqs: dict = {}
+        self.recordings = 0        # sequences recorded so far (a forward that records is slow)
         self._state: DeviceState | None = None
         self.timing: dict | None = None
         self._build()
@@ -445,7 +446,17 @@ class VulkanModel:
         key = (kind, n, bucket, last)
         if key not in self._seqs:
             self._seqs[key] = self._record(kind, n, bucket, last)
+            self.recordings += 1
         return self._seqs[key]
+
+    def warm(self):
+        """Record the decoding shapes (1..MAX_ROWS rows, trunk and MTP head) now:
+        a driver that compiles pipelines at creation (Lavapipe: ~0.15 s per
+        row count) then does not do it in the middle of a benchmark."""
+        for n in range(1, MAX_ROWS + 1):
+            self._sequence("main", n, self._bucket(n), False)
+            if self.w.mtp is not None:
+                self._sequence("mtp", n, self._bucket(n), False)
 
     def _bucket(self, length: int) -> int:
         b = 64

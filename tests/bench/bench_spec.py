@@ -30,7 +30,9 @@ def main():
             make_tiny(d, seed=0, mtp=True, echo=True, **kw)
             for backend in backends:
                 model = load_model(d, backend=backend)
-                generate(model, PROMPT, 8)                          # warm up (records shapes)
+                if hasattr(model, "warm"):
+                    model.warm()                                    # records every decoding shape
+                generate(model, PROMPT, 8)
                 plain = generate(model, PROMPT, n)
                 base = plain.decode_tok_s
                 print(f"{name:<6}{backend:<8}{'off':<8}{n / plain.forwards:8.2f}{base:8.1f}{1:8.2f}", flush=True)

@@ -73,10 +73,10 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         drafts = prop.tokens if prop else []
         rows = [pick] + drafts
         slots = min(len(drafts), snapshots)
-        t = time.perf_counter()
+        t, recorded = time.perf_counter(), getattr(model, "recordings", 0)
         state["fed"] = True
         hidden, logits = model.forward(rows, st, copies=slots)
-        if gate:
+        if gate and getattr(model, "recordings", 0) == recorded:     # recording a shape is no T(n)
             gate.record_forward(len(rows), time.perf_counter() - t)
         counters.forward(len(drafts), prop.source if prop else None)
         i = 0
@@ -123,7 +123,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
-                    gate.record_draft_time(src.name, len(prop.tokens) - 1, prop.seconds, prop.lead)
+                    gate.record_draft_time(prop.key, len(prop.tokens) - 1, prop.seconds, prop.lead)
                     if prop.probs is not None and pstep:
                         prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
                         prop.probs = prop.probs[:len(prop.tokens)]
