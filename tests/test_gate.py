@@ -1,10 +1,14 @@
 """The gate's formulas and decisions, the draft sources' rules, the settings."""
 
+import types
+
+import numpy as np
 import pytest
 
 from vkspec.errors import VkspecError
+from vkspec.sampling import Sampler
 from vkspec.spec.config import SpecConfig
-from vkspec.spec.decode import choose
+from vkspec.spec.decode import choose, generate_spec
 from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, Gate, Rate
 from vkspec.spec.lookup import PromptLookup, Proposal
 
@@ -196,29 +200,34 @@ def test_hindsight_judges_whole_lookup_proposals_once_the_output_decides():
     assert g.pending == []
 
 
+class Echo:
+    """A stand-in model: the next token is (last + 1) % 4. Each forward of a
+    row count it has not seen before counts as recording a device shape."""
+    max_rows, cfg = 8, None
+
+    def __init__(self):
+        self.recordings, self.seen, self.calls = 0, set(), []
+
+    def new_state(self):
+        return types.SimpleNamespace(kv_len=0)
+
+    def forward(self, rows, st, logits_rows="all", copies=0):
+        new = len(rows) not in self.seen
+        self.seen.add(len(rows))
+        self.recordings += new
+        self.calls.append(new)
+        st.kv_len += len(rows)
+        logits = np.zeros((len(rows), 4), np.float32)
+        logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
+        return None, logits if logits_rows == "all" else logits[-1:]
+
+    def rewind(self, st, keep):
+        pass
+
+
 def test_hindsight_lets_lookup_learn_while_the_gate_declines():
     """With T(n) unmeasured (rho 0.5) and the 0.5 prior, value(1) = 1: the gate
     declines; judged in hindsight, the declined proposals still teach it."""
-    from vkspec.sampling import Sampler
-    from vkspec.spec.decode import generate_spec
-
-    class Echo:                       # a stand-in model: the next token is (last + 1) % 4
-        max_rows, cfg = 8, None
-
-        def new_state(self):
-            import types
-            return types.SimpleNamespace(kv_len=0)
-
-        def forward(self, rows, st, logits_rows="all", copies=0):
-            import numpy as np
-            st.kv_len += len(rows)
-            logits = np.zeros((len(rows), 4), np.float32)
-            logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
-            return None, logits if logits_rows == "all" else logits[-1:]
-
-        def rewind(self, st, keep):
-            pass
-
     g = Gate(7)
     r = generate_spec(Echo(), [0, 1, 2, 3, 0, 1], 12, Sampler(), [PromptLookup(5)], g)
     assert r.tokens == [2, 3, 0, 1] * 3
@@ -230,36 +239,7 @@ def test_hindsight_lets_lookup_learn_while_the_gate_declines():
 def test_a_forward_that_records_a_shape_is_not_a_measurement():
     """A device forward of a new row count records its sequence (on Lavapipe
     ~0.15 s, fifteen steps); that time must not become T(n)."""
-    import types
-
-    import numpy as np
-
-    from vkspec.sampling import Sampler
-    from vkspec.spec.decode import generate_spec
-
-    class Recording:                  # the next token is (last + 1) % 4; new row counts "record"
-        max_rows, cfg = 8, None
-
-        def __init__(self):
-            self.recordings, self.seen, self.calls = 0, set(), []
-
-        def new_state(self):
-            return types.SimpleNamespace(kv_len=0)
-
-        def forward(self, rows, st, logits_rows="all", copies=0):
-            new = len(rows) not in self.seen
-            self.seen.add(len(rows))
-            self.recordings += new
-            self.calls.append(new)
-            st.kv_len += len(rows)
-            logits = np.zeros((len(rows), 4), np.float32)
-            logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
-            return None, logits if logits_rows == "all" else logits[-1:]
-
-        def rewind(self, st, keep):
-            pass
-
-    m, g = Recording(), Gate(7)
+    m, g = Echo(), Gate(7)
     r = generate_spec(m, [0, 1, 2, 3, 0, 1], 24, Sampler(), [PromptLookup(5)], g)
     decoding = m.calls[1:]                              # after the prompt's one forward
     assert r.tokens == [2, 3, 0, 1] * 6 and len(decoding) == r.forwards and any(decoding)
