@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from .spec.config import UNSUPPORTED as UNSUPPORTED_SPEC
@@ -156,6 +157,11 @@ def _serve(args) -> int:
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
     model = _load_for_spec(args, cfg, tier)
+    if hasattr(model, "warm"):      # the first requests should not wait for pipeline builds
+        t0 = time.perf_counter()
+        model.warm()
+        print(f"[vkspec serve] decoding shapes recorded in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
     try:
         tok = load_tokenizer(args.model)
     except Exception:
