@@ -55,6 +55,8 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             src.prefilled()
     t1 = time.perf_counter()
     state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
+    # sources whose proposals cost nothing: the gate judges them in hindsight
+    hindsight = {s.name for s in sources if getattr(s, "free", False)} if gate and gate.enabled else set()
 
     def emit(tok, row):
         out.append(tok)
@@ -102,19 +104,16 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         history.extend(rows[:keep])
         if prop:
             counters.settled(prop.source, len(drafts), i)
-            if gate and not hindsight(prop.source):
+            if gate and prop.source not in hindsight:
                 gate.record_verify(prop.key, len(drafts), i, prop.probs)
         if gate:
             gate.see_output(out)
         return tok, logits[i]
 
-    def hindsight(name):
-        return gate.enabled and any(s.name == name and getattr(s, "free", False) for s in sources)
-
     def propose(pick, pos, k_max):
         props = []
         for src in sources:
-            if gate and hindsight(src.name):
+            if src.name in hindsight:
                 prop = src.propose(history, pick, pos, k_max) if k_max > 0 else None
                 if prop and prop.tokens:                 # judged in full, carried up to the plan
                     gate.judge_later(prop.key, prop.tokens, len(out))
