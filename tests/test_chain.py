@@ -66,6 +66,16 @@ def test_prefill_decode_and_mtp_bits(pairs, fmt):
             bits_equal(mv[0], mc[0])
             bits_equal(mv[1], mc[1])
     assert sv.kv_len == sc.kv_len == 167
+    # the head absorbing a block (only the last row's pass read, the rest write KV rows)
+    pos = np.arange(sc.kv_len - 5, sc.kv_len)
+    toks5 = prompt(5, seed=9)
+    mc = cpu.mtp_forward(np.tile(hc, (5, 1)), toks5, sc, pos, logits_rows="last")
+    mv = vk.mtp_forward(np.tile(hv, (5, 1)), toks5, sv, pos, logits_rows="last")
+    bits_equal(mv[0], mc[0])
+    bits_equal(mv[1], mc[1])
+    kc, kv = cpu.snapshot(sc), vk.snapshot(sv)
+    bits_equal(kv.mtp_k[:sc.kv_len], kc.mtp_k[:sc.kv_len])
+    bits_equal(kv.mtp_v[:sc.kv_len], kc.mtp_v[:sc.kv_len])
 
 
 @pytest.mark.parametrize("n_prompt", [1, 7, 100])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vkspec import exact, quant
-from vkspec.backends import cpu as cpu_ops, cpu_jit
+from vkspec.backends import cpu as cpu_ops, cpu_jit, cpu_jit_math
 from vkspec.selftest import inputs, same_bits
 
 from conftest import bits_equal
@@ -209,3 +209,79 @@ def test_attention_block_rows_equal_the_definition(poison):
         alone = cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.125))
         bits_equal(block[i], alone)
     assert np.isfinite(block[0]).all()
+
+
+def _bit_patterns(n=1 << 20):
+    """Edge values, denormals and uniformly random float32 bit patterns."""
+    rng = np.random.default_rng(5)
+    den = rng.integers(1, 1 << 23, 4000).astype(np.uint32).view(np.float32)
+    wide = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    near = np.float32(-87.0) - rng.uniform(0, 17, 4000).astype(np.float32)
+    edge = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 20.0, 20.000002, -104.0, 89.0, 1.0], np.float32)
+    return np.concatenate([inputs(0), inputs(1), den, -den, near, -near, wide, edge])
+
+
+@pytest.mark.parametrize("op", range(len(exact.ELEMENTWISE)), ids=[f.__name__ for f in exact.ELEMENTWISE])
+def test_compiled_elementwise_is_the_numpy_definition(op):
+    """cpu_jit_math's exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p
+    return exact's bits for every class of float32 input."""
+    x = _bit_patterns()
+    with np.errstate(all="ignore"):
+        want = exact.ELEMENTWISE[op](x)
+    got = cpu_jit_math.ELEMENTWISE[op](x)
+    assert same_bits(got, want)
+    assert same_bits(cpu_jit_math.ELEMENTWISE[op](x[:12].reshape(3, 4)), want[:12].reshape(3, 4))
+
+
+@pytest.mark.parametrize("k", [1, 7, 48, 128, 192, 300, 576])
+def test_compiled_row_reductions_are_the_numpy_definition(k):
+    """RMSNorm (plain and gated), L2 norm and softmax (whole rows and valid
+    prefixes) per row, as exact computes them."""
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((6, k)) * 3).astype(np.float32)
+    x[1] *= np.float32(1e-22)                       # mean of squares underflows to denormals
+    x[2] = 0.0
+    x[3, :1] = np.float32(1e19)                     # the square overflows
+    w = rng.standard_normal(k).astype(np.float32)
+    z = (rng.standard_normal((6, k)) * 4).astype(np.float32)
+    eps = 1e-6
+    bits_equal(cpu_jit_math.rmsnorm(x, w, eps), exact.rmsnorm(x, w, eps))
+    bits_equal(cpu_jit_math.rmsnorm(x, w, eps, z), exact.rmsnorm(x, w, eps) * exact.silu(z))
+    bits_equal(cpu_jit_math.l2norm(x, eps), x * exact.rsqrt(exact.dot(x, x) + np.float32(eps))[..., None])
+    x3 = x.reshape(2, 3, k)
+    bits_equal(cpu_jit_math.rmsnorm(x3, w, eps), exact.rmsnorm(x3, w, eps))
+    s = (rng.standard_normal((3, 2, k)) * 6).astype(np.float32)
+    bits_equal(cpu_jit_math.softmax(s), exact.softmax(s))
+    lens = np.array([1, max(1, k // 2)])
+    valid = np.arange(k)[None, None, :] < lens[None, :, None]
+    bits_equal(cpu_jit_math.softmax(s, lens), exact.softmax(s, valid))
+    s[0, 0, k // 2] = np.nan
+    s[1, 0, 0] = np.inf
+    with np.errstate(all="ignore"):
+        bits_equal(cpu_jit_math.softmax(s), exact.softmax(s))
+
+
+def test_compiled_math_has_no_fused_multiply_add():
+    asm = cpu_jit_math.machine_code()
+    assert "mulss" in asm or "mulps" in asm
+    assert "vfmadd" not in asm and "vfmsub" not in asm and "vfnmadd" not in asm
+
+
+@pytest.mark.parametrize("nv,dk,dv,n", [(1, 1, 1, 1), (4, 48, 48, 5), (2, 130, 7, 3)])
+def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeypatch):
+    """cpu.deltanet_scan compiled against the row-by-row NumPy definition:
+    outputs, the state after every kept row, and the final state."""
+    rng = np.random.default_rng(nv * dk + dv)
+    S0 = rng.standard_normal((nv, dk, dv)).astype(np.float32)
+    q, k = (rng.standard_normal((2, n, nv, dk)) * 0.3).astype(np.float32)
+    v = rng.standard_normal((n, nv, dv)).astype(np.float32)
+    beta, decay = rng.uniform(0, 1, (2, n, nv)).astype(np.float32)
+    decay[0, 0] = np.float32(1e-39)                 # a denormal decay
+    runs = []
+    for jit in ("1", "0"):
+        monkeypatch.setenv("VKSPEC_CPU_JIT", jit)
+        S = S0.copy()
+        out, snaps = cpu_ops.deltanet_scan(S, q, k, v, beta, decay, n - 1)
+        runs.append((out, snaps, S))
+    for a, b in zip(*runs):
+        bits_equal(a, b)

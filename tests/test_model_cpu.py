@@ -38,6 +38,40 @@ def test_block_equals_rows(tiny_dir, fmt):
     assert a.kv_len == b.kv_len and state_bytes(a) == state_bytes(b)
 
 
+@pytest.mark.parametrize("fmt", ["f32", "int4-g64"])
+def test_compiled_path_is_the_numpy_definition(tiny_dir, fmt, monkeypatch):
+    """The whole model, trunk and MTP head, with the numba kernels and under
+    VKSPEC_CPU_JIT=0 (exact.py alone): the same logits, hidden states and state."""
+    toks = [5, 9, 14, 200, 33, 7, 7, 81]
+    runs = []
+    for jit in ("1", "0"):
+        monkeypatch.setenv("VKSPEC_CPU_JIT", jit)
+        model = load_model(tiny_dir, fmt=fmt)
+        st = model.new_state()
+        h1, l1 = model.forward(toks[:5], st)
+        h2, l2 = model.forward(toks[5:], st, copies=True)
+        mh, ml = model.mtp_forward(np.concatenate([h1, h2])[:-1], toks[1:], st, np.arange(1, len(toks)))
+        runs.append((h1.tobytes() + l1.tobytes() + h2.tobytes() + l2.tobytes() + mh.tobytes()
+                     + ml.tobytes(), state_bytes(st)))
+    assert runs[0] == runs[1]
+
+
+def test_mtp_absorb_rows_write_what_a_full_pass_writes(tiny_dir):
+    """mtp_forward(logits_rows="last"): the rows before the last only write
+    their KV rows; the cache and the last row's outputs equal a full pass's."""
+    model = load_model(tiny_dir)
+    toks = [5, 9, 14, 200, 33, 7, 7, 81]
+    st = model.new_state()
+    hidden, _ = model.forward(toks, st)
+    a, b = model.snapshot(st), model.snapshot(st)
+    full = model.mtp_forward(hidden[:-1], toks[1:], a, np.arange(1, len(toks)))
+    last = model.mtp_forward(hidden[:-1], toks[1:], b, np.arange(1, len(toks)), logits_rows="last")
+    assert last[0].shape == (1, full[0].shape[1]) and last[1].shape == (1, full[1].shape[1])
+    assert last[0].tobytes() == full[0][-1:].tobytes() and last[1].tobytes() == full[1][-1:].tobytes()
+    assert a.mtp_k.tobytes() == b.mtp_k.tobytes() and a.mtp_v.tobytes() == b.mtp_v.tobytes()
+    assert np.abs(b.mtp_k[1:len(toks)]).sum() > 0
+
+
 def test_prefill_block_size_does_not_change_output(tiny_dir):
     model = load_model(tiny_dir)
     prompt = list(range(1, 40))

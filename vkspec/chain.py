@@ -456,7 +456,7 @@ class VulkanModel:
         for n in range(1, MAX_ROWS + 1):
             self._sequence("main", n, self._bucket(n), False)
             if self.w.mtp is not None:
-                self._sequence("mtp", n, self._bucket(n), False)
+                self._sequence("mtp", n, self._bucket(n), n > 1)
 
     def _bucket(self, length: int) -> int:
         b = 64
@@ -553,8 +553,11 @@ class VulkanModel:
             raise VkspecError(f"row {keep - 1} of the last block has no copy slot")
         st.live, st.kv_len = live, kv0 + keep
 
-    def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions):
-        """The MTP head on the device; see Model.mtp_forward."""
+    def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions, logits_rows: str = "all"):
+        """The MTP head on the device; see Model.mtp_forward. With
+        logits_rows="last" the device still runs every row through the layer
+        (one recorded pass; no other row's result is read) and the lm_head
+        over the last row only."""
         self._check(st)
         if self.w.mtp is None:
             raise VkspecError("the model was loaded without its MTP head")
@@ -565,9 +568,11 @@ class VulkanModel:
         buf = self.s["mtp_in"].data()
         buf[:n * d["Hp"]].reshape(n, d["Hp"])[:, :d["H"]] = np.asarray(hidden, np.float32).reshape(n, d["H"])
         self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
-        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), False)
+        last = logits_rows != "all" and n > 1
+        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last)
         self._run(segments)
-        return self._rows("mtp", tokens, False, logits_t, picks_t)
+        hidden, logits = self._rows("mtp", tokens, last, logits_t, picks_t)
+        return (hidden[-1:], logits) if last else (hidden, logits)
 
     def _run(self, segments):
         for seq, host in segments:

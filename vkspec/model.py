@@ -67,6 +67,7 @@ class MoeW:
     experts: list[MlpW]
     shared: MlpW | None
     shared_gate: QWeight | None
+    stacked: tuple | None = None  # f32: every expert's (gate, up, down) in one array each
 
 
 @dataclass
@@ -164,7 +165,8 @@ class Loader:
         si = c.shared_expert_intermediate_size
         return MoeW(router=self.lin(f"{p}.gate.weight", e, h), experts=experts,
                     shared=self.mlp(f"{p}.shared_expert", si) if si else None,
-                    shared_gate=self.lin(f"{p}.shared_expert_gate.weight", 1, h) if si else None)
+                    shared_gate=self.lin(f"{p}.shared_expert_gate.weight", 1, h) if si else None,
+                    stacked=stack_experts(experts) if self.fmt == "f32" else None)
 
     def layer(self, p, i, kind) -> LayerW:
         c = self.cfg
@@ -195,6 +197,19 @@ class Loader:
                          norm_hidden=self.norm("mtp.pre_fc_norm_hidden.weight", h),
                          layer=lw, norm=self.norm("mtp.norm.weight", h))
         return w
+
+
+def stack_experts(experts: list[MlpW]) -> tuple:
+    """One (E, rows, cols_p) array per projection, each expert's weight a view
+    of it (no second copy): the compiled CPU path runs every routed pair of a
+    block in one call."""
+    out = []
+    for name in ("gate", "up", "down"):
+        stack = np.stack([getattr(e, name).data for e in experts])
+        for e, view in zip(experts, stack):
+            getattr(e, name).data = view
+        out.append(stack)
+    return tuple(out)
 
 
 def has_mtp(ckpt: Checkpoint) -> bool:
@@ -312,19 +327,24 @@ class Model:
             q = q.reshape(n, nh, 2 * hd)
             q, gate = q[:, :, :hd], q[:, :, hd:].reshape(n, nh * hd)
         q = q.reshape(n, nh, hd)
-        k = ops.gemv(w.k, h).reshape(n, nkv, hd)
-        v = ops.gemv(w.v, h).reshape(n, nkv, hd)
         if w.q_norm is not None:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
-            k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
         q = ops.rope(q, self.cos[pos], self.sin[pos])
-        k = ops.rope(k, self.cos[pos], self.sin[pos])
-        kcache[pos] = k
-        vcache[pos] = v
+        self.write_kv(w, h, pos, kcache, vcache)
         out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(hd ** -0.5)).reshape(n, nh * hd)
         if w.gated:
-            out = out * exact.sigmoid(gate)
+            out = out * ops.sigmoid(gate)
         return ops.gemv(w.o, out)
+
+    def write_kv(self, w: AttnW, h, pos, kcache, vcache):
+        """The rows' keys (normed, rotated) and values into the cache at pos."""
+        c = self.cfg
+        n, nkv, hd = h.shape[0], c.num_key_value_heads, c.head_dim
+        k = ops.gemv(w.k, h).reshape(n, nkv, hd)
+        if w.k_norm is not None:
+            k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
+        kcache[pos] = ops.rope(k, self.cos[pos], self.sin[pos])
+        vcache[pos] = ops.gemv(w.v, h).reshape(n, nkv, hd)
 
     def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg
@@ -341,12 +361,10 @@ class Model:
             ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
         rep = np.arange(nv) // (nv // nk)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
-        out = np.empty((n, nv, dv), f32)
-        for i in range(n):
-            out[i] = ops.deltanet_step(ssm, q[i, rep], k[i, rep], v[i], beta[i], decay[i])
-            if i < len(kept):
-                kept[i][0].append(window[i + 1:i + K].copy())
-                kept[i][1].append(ssm.copy())
+        out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept))
+        for i in range(len(kept)):
+            kept[i][0].append(window[i + 1:i + K].copy())
+            kept[i][1].append(snaps[i])
         ring[:] = window[n:]
         z = qkvz[:, cd:].reshape(n, nv, dv)
         o = ops.rmsnorm_gated(out, w.norm, z, c.rms_norm_eps).reshape(n, nv * dv)
@@ -358,20 +376,11 @@ class Model:
     def moe(self, w: MoeW, h):
         c = self.cfg
         probs = ops.softmax(ops.gemv(w.router, h))
-        if w.shared is not None:
-            sg = ops.gemv(w.shared_gate, h)[:, 0]
-            sh = self.mlp(w.shared, h)
-        routes = [ops.route(probs[i], c.num_experts_per_tok, c.norm_topk_prob) for i in range(len(h))]
-        ys = {}                                 # (row, expert) -> output; an expert runs its rows at once
-        for e in sorted({int(e) for idx, _ in routes for e in idx}):
-            rows = [i for i, (idx, _) in enumerate(routes) if e in idx]
-            for i, y in zip(rows, self.mlp(w.experts[e], h[rows])):
-                ys[i, e] = y
-        out = np.empty_like(h)
-        for i, (idx, wt) in enumerate(routes):
-            out[i] = ops.moe_combine([ys[i, int(e)] for e in idx], wt,
-                                     *((sh[i], sg[i]) if w.shared is not None else ()))
-        return out
+        idx, wt = ops.route(probs, c.num_experts_per_tok, c.norm_topk_prob)     # (n, k) each
+        ys = ops.expert_mlps(w, h, idx)                                          # (n, k, H)
+        if w.shared is None:
+            return ops.moe_combine(ys, wt)
+        return ops.moe_combine(ys, wt, self.mlp(w.shared, h), ops.gemv(w.shared_gate, h)[:, 0])
 
     def rewind(self, st: State, keep: int):
         """Keep rows 0..keep-1 of the last block (0: none, the state before it):
@@ -409,17 +418,24 @@ class Model:
         st.extra.pop("block", None)
 
     # --- the MTP head -------------------------------------------------------
-    def mtp_forward(self, hidden, next_tokens, st: State, positions):
+    def mtp_forward(self, hidden, next_tokens, st: State, positions, logits_rows: str = "all"):
         """One row per (h_t, token t+1): fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]),
         the head's decoder layer (its own KV cache), its norm and the lm_head.
 
         Rows are written at the given positions of the head's cache (the
-        token t+1's position); returns (head hidden, logits)."""
+        token t+1's position); returns (head hidden, logits). With
+        logits_rows="last" the rows before the last only write their KV row
+        (the head is one layer: nothing else of theirs is ever read) and the
+        last row's (hidden, logits) come back, (1, H) and (1, V)."""
         m, eps = self.w.mtp, self.cfg.rms_norm_eps
         e = ops.rmsnorm(ops.embed(self.w.embed, next_tokens), m.norm_emb, eps)
         hh = ops.rmsnorm(np.asarray(hidden, f32), m.norm_hidden, eps)
         x = ops.gemv(m.fc, np.concatenate([e, hh], axis=-1))
         pos = np.asarray(positions)
+        if logits_rows == "last" and len(x) > 1:
+            self.write_kv(m.layer.mixer, ops.rmsnorm(x[:-1], m.layer.in_norm, eps), pos[:-1],
+                          st.mtp_k, st.mtp_v)
+            x, pos = x[-1:], pos[-1:]
         x = self.layer(m.layer, x, pos, st.mtp_k, st.mtp_v)
         logits = ops.gemv(self.w.lm_head, ops.rmsnorm(x, m.norm, eps))
         return x, logits

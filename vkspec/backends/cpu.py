@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import exact
-from . import cpu_jit
+from . import cpu_jit, cpu_jit_math
 from ..quant import QWeight, dequantize
 
 f32 = np.float32
@@ -28,36 +28,60 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     return out.reshape(lead + (w.rows,))
 
 
+def _m():
+    """exact itself, or its compiled twin (the same bits; see cpu_jit_math)."""
+    return cpu_jit_math if cpu_jit.enabled() else exact
+
+
 def embed(table, tokens) -> np.ndarray:
     return table[np.asarray(tokens)]
 
 
 def silu_mul(g, u) -> np.ndarray:
     """The gated MLP's activation."""
-    return exact.silu(g) * u
+    return _m().silu(g) * u
+
+
+def expert_mlps(w, h, idx) -> np.ndarray:
+    """(n, k, H): row i's k routed experts, down(silu(gate h_i) * up h_i) each,
+    every (row, expert) pair as if it ran alone. The definition runs an expert
+    over all its rows at once; the compiled path runs every pair in one call."""
+    if cpu_jit.enabled() and w.stacked is not None:
+        return cpu_jit_math.expert_mlps(*w.stacked, h, idx)
+    out = np.empty(idx.shape + (h.shape[-1],), f32)
+    for e in np.unique(idx):
+        rows, slot = np.nonzero(idx == e)
+        mw = w.experts[int(e)]
+        out[rows, slot] = gemv(mw.down, silu_mul(gemv(mw.gate, h[rows]), gemv(mw.up, h[rows])))
+    return out
 
 
 def moe_combine(ys, wts, shared=None, shared_logit=None) -> np.ndarray:
-    """sum_j ys[j] * wts[j] in routing order from +0, plus sigmoid(logit) * shared."""
-    acc = np.zeros(ys[0].shape, f32)
-    for y, w in zip(ys, wts):
-        acc = acc + y * w
+    """Per row: sum_j ys[j] * wts[j] in routing order from +0, plus
+    sigmoid(logit) * shared. ys (n, k, H), wts (n, k), shared (n, H)."""
+    acc = np.zeros(ys[:, 0].shape, f32)
+    for j in range(ys.shape[1]):
+        acc = acc + ys[:, j] * wts[:, j, None]
     if shared is not None:
-        acc = acc + exact.sigmoid(shared_logit) * shared
+        acc = acc + _m().sigmoid(shared_logit)[:, None] * shared
     return acc
 
 
 def rmsnorm(x, w, eps: float) -> np.ndarray:
-    return exact.rmsnorm(x, w, eps)
+    return _m().rmsnorm(x, w, eps)
 
 
 def rmsnorm_gated(x, w, z, eps: float) -> np.ndarray:
     """((x * rsqrt(mean(x*x) + eps)) * w) * silu(z): linear_attn.norm (plain w)."""
+    if cpu_jit.enabled():
+        return cpu_jit_math.rmsnorm(x, w, eps, z)
     return exact.rmsnorm(x, w, eps) * exact.silu(z)
 
 
 def l2norm(x, eps: float = 1e-6) -> np.ndarray:
     x = np.asarray(x, f32)
+    if cpu_jit.enabled():
+        return cpu_jit_math.l2norm(x, eps)
     return x * exact.rsqrt(exact.dot(x, x) + f32(eps))[..., None]
 
 
@@ -101,7 +125,7 @@ def attend(q, kc, vc, lens, scale) -> np.ndarray:
     qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
     s = cpu_jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
     lens_q = np.repeat(np.asarray(lens), rep)
-    p = exact.softmax(s, np.arange(L)[None, :] < lens_q[:, None])
+    p = cpu_jit_math.softmax(s, lens_q)
     o = vecmats(p, vc[:L].transpose(1, 0, 2), lens_q)                     # (nkv, n*rep, hd)
     return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
 
@@ -127,7 +151,7 @@ def conv_step(ring, x, w) -> tuple[np.ndarray, np.ndarray]:
     acc = np.zeros(x.shape, f32)
     for t in range(taps):
         acc = acc + w[:, t] * window[t:t + n]
-    return exact.silu(acc), window
+    return _m().silu(acc), window
 
 
 def deltanet_prep(q, k, b, a, dt_bias, neg_exp_a, scale):
@@ -136,7 +160,8 @@ def deltanet_prep(q, k, b, a, dt_bias, neg_exp_a, scale):
     decay = exp(-exp(A_log) * softplus(a + dt_bias)), both (n, nv)."""
     q = l2norm(q) * f32(scale)
     k = l2norm(k)
-    return q, k, exact.sigmoid(b), exact.exp(neg_exp_a * exact.softplus(a + dt_bias))
+    m = _m()
+    return q, k, m.sigmoid(b), m.exp(neg_exp_a * m.softplus(a + dt_bias))
 
 
 def deltanet_step(S, qh, kh, v, beta, decay) -> np.ndarray:
@@ -151,17 +176,37 @@ def deltanet_step(S, qh, kh, v, beta, decay) -> np.ndarray:
     return vecmats(qh[:, None, :], S)[:, 0]
 
 
+def deltanet_scan(S, q, k, v, beta, decay, keep: int = 0):
+    """deltanet_step for rows 0..n-1 in turn (q, k (n, nv, dk), v (n, nv, dv),
+    beta, decay (n, nv)); returns (out (n, nv, dv), S after each of the first
+    `keep` rows (keep, nv, dk, dv)). S is updated in place."""
+    if cpu_jit.enabled():
+        return cpu_jit_math.deltanet_scan(S, q, k, v, beta, decay, keep)
+    out = np.empty(v.shape, f32)
+    snaps = np.empty((keep,) + S.shape, f32)
+    for i in range(len(q)):
+        out[i] = deltanet_step(S, q[i], k[i], v[i], beta[i], decay[i])
+        if i < keep:
+            snaps[i] = S
+    return out, snaps
+
+
 def route(probs, k: int, normalize: bool):
-    """Top-k experts (ties to the lower index), weights renormalised if asked."""
-    idx = np.argsort(-probs, kind="stable")[:k]
-    top = probs[idx]
+    """Top-k experts of each row of probs (n, E), ties to the lower index, and
+    their weights, renormalised if asked: (idx (n, k), weights (n, k))."""
+    idx = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    top = np.take_along_axis(probs, idx, axis=-1)
     if normalize:
-        top = top * exact.recip(exact.reduce_sum(top))
+        top = top * _m().recip(exact.reduce_sum(top))[..., None]
     return idx, top
 
 
 def softmax(x) -> np.ndarray:
-    return exact.softmax(x)
+    return _m().softmax(x)
+
+
+def sigmoid(x) -> np.ndarray:
+    return _m().sigmoid(x)
 
 
 def argmax(x) -> np.ndarray:

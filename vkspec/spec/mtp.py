@@ -72,7 +72,7 @@ class MtpDrafts:
         for i in range(0, len(pairs), m.max_rows):
             chunk = pairs[i:i + m.max_rows]
             out = m.mtp_forward(np.stack([h for h, _, _ in chunk]), [t for _, t, _ in chunk],
-                                self.state, [p for _, _, p in chunk])
+                                self.state, [p for _, _, p in chunk], logits_rows="last")
         return out[0][-1], out[1][-1]
 
     def propose(self, history, pick: int, pos: int, k: int, gate=None) -> Proposal | None:
