@@ -185,7 +185,7 @@ def test_compiled_vecmats_are_the_numpy_definition(batch, n, L, d, monkeypatch):
     if L > lens[-1]:
         v[-1, lens[-1]:, -1] = np.inf               # outside the last row's reach
     compiled = cpu_ops.vecmats(x, v, lens)
-    monkeypatch.setenv("VKSPEC_CPU_JIT", "0")
+    monkeypatch.setattr(cpu_jit, "ENABLED", False)
     bits_equal(compiled, cpu_ops.vecmats(x, v, lens))
     assert np.isfinite(compiled[-1, -1]).all()
 
@@ -279,7 +279,7 @@ def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeyp
     decay[0, 0] = np.float32(1e-39)                 # a denormal decay
     runs = []
     for jit in ("1", "0"):
-        monkeypatch.setenv("VKSPEC_CPU_JIT", jit)
+        monkeypatch.setattr(cpu_jit, "ENABLED", jit == "1")
         S = S0.copy()
         out, snaps = cpu_ops.deltanet_scan(S, q, k, v, beta, decay, n - 1)
         runs.append((out, snaps, S))

@@ -53,6 +53,32 @@ def test_a_source_whose_first_draft_costs_a_step_is_declined():
     assert g.value("mtp", 1) < 1.0 and g.best("mtp", 1)[0] == 0
 
 
+def test_rows_piled_up_by_declines_price_the_next_draft_by_its_passes():
+    """d0 is measured per head pass; after a run of declines the head has
+    more rows to read before draft 1, and the gate prices those passes."""
+    g = Gate(7)
+    g.record_forward(1, 0.010)
+    g.record_forward(2, 0.012)
+    g.source("mtp").rates = [Rate(0.8 * 16, 16)]
+    g.record_draft_time("mtp", 0, 0.0, lead=0.006, passes=2)      # 3 ms a pass
+    assert g.source("mtp").d0 == pytest.approx(0.003)
+    assert g.value("mtp", 1, passes=1) == pytest.approx(1.8 / (1.2 + 0.3))
+    assert g.value("mtp", 1, passes=3) == pytest.approx(1.8 / (1.2 + 0.9))
+    assert g.plan("mtp", 1, passes=1) == 1 and g.plan("mtp", 1, passes=3) == 0
+
+
+def test_a_dear_probe_is_rarer():
+    """A probe expected to lose 1.5 plain steps waits 1.5 / PROBE_BUDGET = 48
+    picks of its source; a cheap one (test below) every PROBE_EVERY."""
+    g = Gate(7)
+    g.record_forward(1, 0.010)
+    g.record_forward(2, 0.020)
+    g.source("mtp").rates = [Rate(0.5 * 16, 16)]
+    g.record_draft_time("mtp", 0, 0.0, lead=0.010)                # cost(1) = 2 + 1, E(1) = 1.5
+    picks = [g.plan("mtp", 1) for _ in range(100)]
+    assert [i + 1 for i, k in enumerate(picks) if k] == [48, 96] and g.probes == 2
+
+
 def test_acceptance_runs_with_a_memory_of_16_verifies():
     g = Gate(7)
     for _ in range(40):
@@ -240,7 +266,10 @@ def test_a_forward_that_records_a_shape_is_not_a_measurement():
     """A device forward of a new row count records its sequence (on Lavapipe
     ~0.15 s, fifteen steps); that time must not become T(n)."""
     m, g = Echo(), Gate(7)
+    shown = []
+    record = g.record_forward
+    g.record_forward = lambda rows, seconds: (shown.append(rows), record(rows, seconds))
     r = generate_spec(m, [0, 1, 2, 3, 0, 1], 24, Sampler(), [PromptLookup(5)], g)
     decoding = m.calls[1:]                              # after the prompt's one forward
     assert r.tokens == [2, 3, 0, 1] * 6 and len(decoding) == r.forwards and any(decoding)
-    assert sum(len(v) for v in g.samples.values()) == decoding.count(False)   # recording ones skipped
+    assert len(shown) == decoding.count(False)          # the recording forwards skipped

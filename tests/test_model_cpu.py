@@ -5,6 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from vkspec.backends import cpu_jit
 from vkspec.generate import generate
 from vkspec.model import load_model
 from vkspec.sampling import Sampler
@@ -41,11 +42,11 @@ def test_block_equals_rows(tiny_dir, fmt):
 @pytest.mark.parametrize("fmt", ["f32", "int4-g64"])
 def test_compiled_path_is_the_numpy_definition(tiny_dir, fmt, monkeypatch):
     """The whole model, trunk and MTP head, with the numba kernels and under
-    VKSPEC_CPU_JIT=0 (exact.py alone): the same logits, hidden states and state."""
+    cpu_jit.ENABLED off (VKSPEC_CPU_JIT=0: exact.py alone): the same logits, hidden states and state."""
     toks = [5, 9, 14, 200, 33, 7, 7, 81]
     runs = []
     for jit in ("1", "0"):
-        monkeypatch.setenv("VKSPEC_CPU_JIT", jit)
+        monkeypatch.setattr(cpu_jit, "ENABLED", jit == "1")
         model = load_model(tiny_dir, fmt=fmt)
         st = model.new_state()
         h1, l1 = model.forward(toks[:5], st)

@@ -383,6 +383,13 @@ def deltanet_scan(S, q, k, v, beta, decay, keep: int):
     return out, snaps
 
 
+def _weight(w, k):
+    """w as a contiguous float32 (k,) array, without a copy when it is one."""
+    if isinstance(w, np.ndarray) and w.shape == (k,) and w.dtype == F and w.flags.c_contiguous:
+        return w
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(w, F), (k,)))
+
+
 def _rows(x):
     x = np.ascontiguousarray(x, dtype=F)
     return x, x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
@@ -392,7 +399,7 @@ def rmsnorm(x, w, eps: float, z=None) -> np.ndarray:
     """exact.rmsnorm(x, w, eps), times exact.silu(z) when z is given."""
     x, x2 = _rows(x)
     k = x2.shape[1]
-    wb = np.ascontiguousarray(np.broadcast_to(np.asarray(w, F), (k,)))
+    wb = _weight(w, k)
     out = np.empty_like(x2)
     z2 = x2 if z is None else np.ascontiguousarray(z, dtype=F).reshape(x2.shape)
     _rms_rows(x2, wb, z2, F(eps), F(1.0 / k), z is not None, out)

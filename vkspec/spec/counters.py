@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 
@@ -39,7 +38,10 @@ class Counters:
         self.forwards += 1
 
     def copy(self) -> "Counters":
-        return copy.deepcopy(self)
+        """Every round checkpoints the counters: a field-by-field copy (deepcopy
+        cost ~0.1 ms, a tenth of a trained-hybrid step on the CPU path)."""
+        return Counters(self.forwards, self.verifies, self.drafted, self.accepted, self.replays,
+                        list(self.carried), list(self.taken), {k: list(v) for k, v in self.by_source.items()})
 
     def as_dict(self, gate, sources) -> dict:
         d = dict(forwards=self.forwards, verifies=self.verifies, drafted=self.drafted,

@@ -118,11 +118,12 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 if prop and prop.tokens:                 # judged in full, carried up to the plan
                     gate.judge_later(prop.key, prop.tokens, len(out))
                     prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens))]
-            elif (k := gate.plan(src.name, k_max) if gate else k_max) > 0:
+            elif (k := gate.plan(src.name, k_max, src.lead_passes() if hasattr(src, "lead_passes") else 1)
+                  if gate else k_max) > 0:
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
-                    gate.record_draft_time(prop.key, len(prop.tokens) - 1, prop.seconds, prop.lead)
+                    gate.record_draft_time(prop.key, len(prop.tokens) - 1, prop.seconds, prop.lead, prop.passes)
                     if prop.probs is not None and pstep:
                         prop.tokens = prop.tokens[:gate.pick_p(src.name, prop.probs)]
                         prop.probs = prop.probs[:len(prop.tokens)]

@@ -11,15 +11,20 @@ Terms:
   T(1) (1 + (n-1) rho), rho fitted from the multi-row forwards measured once
   T(1) is (0.5 until then).
 * d: the measured seconds a source spends per draft past its first.
-* d0: the measured seconds a source spends to its first draft (the MTP head
-  reads the rows that stood and writes draft 1: a pass it skips when the
-  gate declines, so a declined round saves it; lookup's is ~0).
+* d0: the measured seconds a source spends to its first draft, per pass
+  (the MTP head reads the rows that stood since its last proposal, up to a
+  block of rows per pass, and writes draft 1; lookup's is ~0). A declined
+  round skips it, but the rows pile up: after a run of declines the next
+  draft costs more passes, and the gate prices it so (``passes``).
 * E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k, the tokens a verify of k drafts
-  yields; cost(k) = (T(k+1) + d0 + (k-1) d) / T(1), in plain steps;
+  yields; cost(k) = (T(k+1) + passes d0 + (k-1) d) / T(1), in plain steps;
   value(k) = E(k) / cost(k). The gate drafts the best k only when value > 1.
   Choosing between proposals already written, their writing is not counted.
-* probe: every PROBE_EVERY picks it tries one draft deeper than its best, so
-  an estimate it stopped feeding can recover.
+* probe: it tries one draft deeper than its best, so an estimate it stopped
+  feeding can recover: at most every PROBE_EVERY picks of that source, and
+  rarer when the probe is expected to lose time: the expected loss
+  cost(k) - E(k), in plain steps, over PROBE_BUDGET per pick (a dear
+  source's probes cost at most ~3% of the time).
 * forced plain step: after FORCE_PLAIN_AFTER forwards without a plain step it
   takes one, so T(1) stays measured; and it takes one first while T(1) is
   unknown, because every cost is in units of T(1) (without it, the priors
@@ -48,6 +53,7 @@ PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,)}
 PRIOR_WEIGHT = 2.0
 MEMORY = 16.0
 PROBE_EVERY = 16
+PROBE_BUDGET = 1 / 32
 FORCE_PLAIN_AFTER = 64
 BINS = 10
 SAMPLES = 8
@@ -81,7 +87,8 @@ class SourceStats:
     rates: list[Rate] = field(default_factory=list)
     bins: list[Rate] = field(default_factory=lambda: [Rate.prior((b + 0.5) / BINS) for b in range(BINS)])
     d: float | None = None                    # seconds per draft past the first
-    d0: float | None = None                   # seconds to the first draft
+    d0: float | None = None                   # seconds to the first draft, per pass
+    since_probe: int = 0
 
     def a(self, j: int) -> float:
         """P(draft j accepted | drafts 1..j-1 were), j from 1."""
@@ -152,13 +159,15 @@ class Gate:
                 still.append((name, toks, at))
         self.pending = still
 
-    def record_draft_time(self, name: str, extra_drafts: int, seconds: float, lead: float | None = None):
+    def record_draft_time(self, name: str, extra_drafts: int, seconds: float, lead: float | None = None,
+                          passes: int = 1):
         s = self.source(name)
         if extra_drafts > 0:
             per = seconds / extra_drafts
             s.d = per if s.d is None else 0.8 * s.d + 0.2 * per
         if lead is not None:
-            s.d0 = lead if s.d0 is None else 0.8 * s.d0 + 0.2 * lead
+            per = lead / max(1, passes)
+            s.d0 = per if s.d0 is None else 0.8 * s.d0 + 0.2 * per
 
     # --- the model -----------------------------------------------------------------
     @property
@@ -181,26 +190,32 @@ class Gate:
             e += run
         return e
 
-    def value(self, name: str, k: int, written: bool = False) -> float:
-        """E(k) / cost(k); ``written``: the drafts exist, only the verify counts."""
-        if k == 0:
-            return 1.0
+    def _terms(self, name: str, k: int, written: bool, passes: int) -> tuple[float, float]:
+        """(E(k), cost(k)); ``written``: the drafts exist, only the verify counts."""
         s = self.source(name)
         t1 = self.t.get(1)
-        write = 0.0 if written or not t1 else ((s.d0 or 0.0) + (k - 1) * (s.d or 0.0)) / t1
-        return self.expected([s.a(j) for j in range(1, k + 1)]) / (self.cost_rows(k + 1) + write)
+        write = 0.0 if written or not t1 else (passes * (s.d0 or 0.0) + (k - 1) * (s.d or 0.0)) / t1
+        return self.expected([s.a(j) for j in range(1, k + 1)]), self.cost_rows(k + 1) + write
 
-    def best(self, name: str, k_max: int) -> tuple[int, float]:
+    def value(self, name: str, k: int, written: bool = False, passes: int = 1) -> float:
+        """E(k) / cost(k); the first draft takes ``passes`` passes of the source."""
+        if k == 0:
+            return 1.0
+        e, cost = self._terms(name, k, written, passes)
+        return e / cost
+
+    def best(self, name: str, k_max: int, passes: int = 1) -> tuple[int, float]:
         best_k, best_v = 0, 1.0
         for k in range(1, k_max + 1):
-            v = self.value(name, k)
+            v = self.value(name, k, passes=passes)
             if v > best_v:
                 best_k, best_v = k, v
         return best_k, best_v
 
     # --- decisions ----------------------------------------------------------------
-    def plan(self, name: str, k_max: int | None = None) -> int:
-        """Drafts to ask the source for (0: a plain step)."""
+    def plan(self, name: str, k_max: int | None = None, passes: int = 1) -> int:
+        """Drafts to ask the source for (0: a plain step); its first draft
+        would take ``passes`` passes."""
         k_max = min(self.k_max, k_max if k_max is not None else self.k_max)
         if not self.enabled:
             return k_max
@@ -208,10 +223,15 @@ class Gate:
             self.forced_plain += 1
             return 0
         self.picks += 1
-        k, _ = self.best(name, k_max)
-        if self.picks % PROBE_EVERY == 0 and k < k_max:
-            self.probes += 1
-            return k + 1
+        s = self.source(name)
+        s.since_probe += 1
+        k, _ = self.best(name, k_max, passes)
+        if k < k_max:
+            e, cost = self._terms(name, k + 1, False, passes)
+            if s.since_probe >= max(PROBE_EVERY, (cost - e) / PROBE_BUDGET):
+                s.since_probe = 0
+                self.probes += 1
+                return k + 1
         if k == 0:
             self.declined += 1
         return k

@@ -30,6 +30,7 @@ class Proposal:
     probs: list[float] | None = None
     seconds: float = 0.0          # time spent writing drafts past the first
     lead: float | None = None     # time spent writing the first draft (None: not measured)
+    passes: int = 1               # the source's passes in that time
     extra: dict = field(default_factory=dict)
     kind: str = ""                # a class the gate measures apart ("copy" for lookup)
 

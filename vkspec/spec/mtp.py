@@ -75,13 +75,18 @@ class MtpDrafts:
                                 self.state, [p for _, _, p in chunk], logits_rows="last")
         return out[0][-1], out[1][-1]
 
+    def lead_passes(self) -> int:
+        """Head passes the next proposal's first draft takes: the rows that
+        stood since the last one, and the pick, a block at a time."""
+        return -(-(len(self.pending) + 1) // self.model.max_rows)
+
     def propose(self, history, pick: int, pos: int, k: int, gate=None) -> Proposal | None:
         """Up to k drafts after ``pick`` (at position ``pos``); ``gate`` may stop
         writing deeper drafts that could not pay for their verify row."""
         k = min(k, self.model.ctx - 1 - pos)
         if k <= 0 or self.h_last is None:
             return None
-        t_lead = time.perf_counter()
+        t_lead, passes = time.perf_counter(), self.lead_passes()
         h, logits = self._head(self.pending + [(self.h_last, pick, pos)])
         self.pending, self.absorbed = [], pos
         lead = time.perf_counter() - t_lead
@@ -96,4 +101,4 @@ class MtpDrafts:
             t0 = t0 or time.perf_counter()
             h, logits = self._head([(h, d, pos + len(drafts))])
         seconds = time.perf_counter() - t0 if t0 else 0.0
-        return Proposal(self.name, drafts, probs, seconds, lead=lead)
+        return Proposal(self.name, drafts, probs, seconds, lead=lead, passes=passes)
