@@ -78,6 +78,27 @@ def test_prefill_decode_and_mtp_bits(pairs, fmt):
     bits_equal(kv.mtp_v[:sc.kv_len], kc.mtp_v[:sc.kv_len])
 
 
+def test_warm_records_every_decoding_shape_up_to_a_length(pairs):
+    """warm(200, copies=7) records 1..8 rows of the trunk and the head for the
+    context buckets 64, 128 and 256 with 7 copy slots; decoding at context
+    ~150 then records nothing."""
+    _, vk = pairs("f32")
+    vk.warm(200, copies=7)
+    before = vk.recordings
+    vk.warm(200, copies=7)
+    assert vk.recordings == before
+    st = vk.new_state()
+    for i in range(0, 144, 8):
+        vk.forward(prompt(8, seed=i), st)
+    at = vk.recordings
+    for n in (1, 3, 8):
+        vk.forward(prompt(n), st, copies=True)
+        vk.rewind(st, 0)
+    vk.mtp_forward(np.zeros((3, vk.cfg.hidden_size), np.float32), [1, 2, 3], st, [150, 151, 152],
+                   logits_rows="last")
+    assert vk.recordings == at
+
+
 @pytest.mark.parametrize("n_prompt", [1, 7, 100])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_generate_digest(pairs, fmt, n_prompt):

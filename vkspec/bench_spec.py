@@ -65,7 +65,8 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
         rounds: int = 1) -> list[dict]:
     """One row per (backend, prompt, mode). With rounds > 1 the modes run
     interleaved that many times and tok/s, TTFT and tokens per forward are
-    medians (the gate's choices, so the counters, depend on measured time)."""
+    medians (the gate's choices, so the counters, depend on measured time);
+    "x plain" is the median of the rounds' own ratios."""
     from tqdm import tqdm
 
     from .model import load_model
@@ -79,8 +80,9 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
                disable=not progress)
     for backend in backends:
         model = load_model(model_dir, fmt=dtype, backend=backend)
-        if hasattr(model, "warm"):
-            model.warm()
+        if hasattr(model, "warm"):                # every shape the runs will meet, recorded now
+            model.warm(max(len(encode_prompt(model_dir, PROMPTS[p])) for p in prompts) + n + 8,
+                       copies=SpecConfig().spec_mtp_recurrent_snapshots)
         has_mtp = getattr(model.w, "mtp", None) is not None
         for pname in prompts:
             ids = encode_prompt(model_dir, PROMPTS[pname])
@@ -130,7 +132,10 @@ def _row(backend, pname, mode, runs, plain_runs, plain, tok) -> dict:
         decode_tok_s=tok_s, ttft_s=med(x.prefill_s for x, _ in runs), wall_s=med(w for _, w in runs),
         identical=None if plain is None else all(x.tokens == plain.tokens and x.digest == plain.digest
                                                  for x, _ in runs),
-        speedup=None if base is None else tok_s / base,
+        # the median of each round's ratio to plain decoding in that round: the
+        # two ran minutes apart at most, so a drift of the machine cancels
+        speedup=None if base is None else med(x.decode_tok_s / p.decode_tok_s
+                                              for (x, _), (p, _) in zip(runs, plain_runs)),
         text=tok.decode(r.tokens))
 
 

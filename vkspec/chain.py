@@ -449,14 +449,25 @@ class VulkanModel:
             self.recordings += 1
         return self._seqs[key]
 
-    def warm(self):
-        """Record the decoding shapes (1..MAX_ROWS rows, trunk and MTP head) now:
+    def warm(self, length: int = 0, copies: int = 0):
+        """Record the decoding shapes (1..MAX_ROWS rows, trunk and MTP head) for
+        every context bucket up to ``length`` tokens (default: the first) now:
         a driver that compiles pipelines at creation (Lavapipe: ~0.15 s per
-        row count) then does not do it in the middle of a benchmark."""
-        for n in range(1, MAX_ROWS + 1):
-            self._sequence("main", n, self._bucket(n), False)
-            if self.w.mtp is not None:
-                self._sequence("mtp", n, self._bucket(n), n > 1)
+        row count) then does not do it in the middle of a benchmark. The
+        recurrent state first gets the regions for ``copies`` copy slots:
+        growing them later records every shape again."""
+        if self.regions < copies + 2:
+            if self._state is None:
+                self.new_state()
+            self._grow(copies + 2)
+        buckets = [self._bucket(1)]
+        while buckets[-1] < min(length, self.ctx):
+            buckets.append(self._bucket(buckets[-1] + 1))
+        for bucket in buckets:
+            for n in range(1, MAX_ROWS + 1):
+                self._sequence("main", n, bucket, False)
+                if self.w.mtp is not None:
+                    self._sequence("mtp", n, bucket, n > 1)
 
     def _bucket(self, length: int) -> int:
         b = 64

@@ -159,7 +159,7 @@ def _serve(args) -> int:
     model = _load_for_spec(args, cfg, tier)
     if hasattr(model, "warm"):      # the first requests should not wait for pipeline builds
         t0 = time.perf_counter()
-        model.warm()
+        model.warm(copies=cfg.spec_mtp_recurrent_snapshots if cfg.spec_mode != "off" else 0)
         print(f"[vkspec serve] decoding shapes recorded in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
     try:

@@ -31,7 +31,7 @@ def main():
             for backend in backends:
                 model = load_model(d, backend=backend)
                 if hasattr(model, "warm"):
-                    model.warm()                                    # records every decoding shape
+                    model.warm(len(PROMPT) + n + 8, copies=7)       # records every decoding shape
                 generate(model, PROMPT, 8)
                 plain = generate(model, PROMPT, n)
                 base = plain.decode_tok_s
