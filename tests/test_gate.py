@@ -9,8 +9,23 @@ from vkspec.errors import VkspecError
 from vkspec.sampling import Sampler
 from vkspec.spec.config import SpecConfig
 from vkspec.spec.decode import choose, generate_spec
-from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, Gate, Rate
+from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
 from vkspec.spec.lookup import PromptLookup, Proposal
+
+
+def plain_steps(g, seconds):
+    """The plain steps the gate takes before it drafts, each `seconds` long."""
+    for _ in range(T1_SAMPLES):
+        g.record_forward(1, seconds)
+
+
+def test_the_gate_drafts_only_after_timing_its_plain_steps():
+    g = Gate(7)
+    for i in range(T1_SAMPLES):
+        assert g.plan("mtp") == 0 and g.forced_plain == i + 1
+        g.record_forward(1, 0.010 * (3 if i == 0 else 1))   # the first step after a prefill: slow
+    assert g.t[1] == pytest.approx(0.010)                  # the median of three shrugs it off
+    assert g.plan("mtp") > 0
 
 
 def test_priors_expected_tokens_and_unmeasured_cost():
@@ -27,7 +42,7 @@ def test_priors_expected_tokens_and_unmeasured_cost():
 
 def test_rho_is_fitted_and_measured_rows_cost_what_they_cost():
     g = Gate(7)
-    g.record_forward(1, 0.010)
+    plain_steps(g, 0.010)
     g.record_forward(3, 0.014)                            # 1.4 = 1 + 2 rho -> rho 0.2
     g.record_forward(5, 0.018)                            # 1.8 = 1 + 4 rho -> rho 0.2
     assert g.rho == pytest.approx(0.2)
@@ -45,7 +60,7 @@ def test_a_source_whose_first_draft_costs_a_step_is_declined():
     """An MTP head pass as dear as half a plain step (Lavapipe) makes one
     draft at 0.6 lose to a plain step, though the verify row alone pays."""
     g = Gate(7)
-    g.record_forward(1, 0.010)
+    plain_steps(g, 0.010)
     g.record_forward(2, 0.013)
     g.source("mtp").rates = [Rate(0.6 * 16, 16)]
     assert g.value("mtp", 1) > 1.0
@@ -57,7 +72,7 @@ def test_rows_piled_up_by_declines_price_the_next_draft_by_its_passes():
     """d0 is measured per head pass; after a run of declines the head has
     more rows to read before draft 1, and the gate prices those passes."""
     g = Gate(7)
-    g.record_forward(1, 0.010)
+    plain_steps(g, 0.010)
     g.record_forward(2, 0.012)
     g.source("mtp").rates = [Rate(0.8 * 16, 16)]
     g.record_draft_time("mtp", 0, 0.0, lead=0.006, passes=2)      # 3 ms a pass
@@ -71,7 +86,7 @@ def test_a_dear_probe_is_rarer():
     """A probe expected to lose 1.5 plain steps waits 1.5 / PROBE_BUDGET = 48
     picks of its source; a cheap one (test below) every PROBE_EVERY."""
     g = Gate(7)
-    g.record_forward(1, 0.010)
+    plain_steps(g, 0.010)
     g.record_forward(2, 0.020)
     g.source("mtp").rates = [Rate(0.5 * 16, 16)]
     g.record_draft_time("mtp", 0, 0.0, lead=0.010)                # cost(1) = 2 + 1, E(1) = 1.5
@@ -94,7 +109,7 @@ def test_acceptance_runs_with_a_memory_of_16_verifies():
 
 def test_plan_declines_when_no_depth_beats_a_plain_step_and_probes_every_16():
     g = Gate(7)
-    g.record_forward(1, 0.01)
+    plain_steps(g, 0.01)
     for n in range(2, 9):
         g.record_forward(n, 0.01 * n)                      # every row costs a full step
     picks = [g.plan("lookup") for _ in range(2 * PROBE_EVERY)]
@@ -104,7 +119,7 @@ def test_plan_declines_when_no_depth_beats_a_plain_step_and_probes_every_16():
 
 def test_plan_picks_the_depth_maximising_value():
     g = Gate(7)
-    g.record_forward(1, 0.010)
+    plain_steps(g, 0.010)
     for n in range(2, 9):
         g.record_forward(n, 0.010 * (1 + 0.1 * (n - 1)))   # cheap rows
     for _ in range(30):
@@ -116,11 +131,11 @@ def test_plan_picks_the_depth_maximising_value():
 
 def test_a_plain_step_is_forced_after_64_forwards_without_one():
     g = Gate(3, enabled=True)
-    g.record_forward(1, 0.01)
+    plain_steps(g, 0.01)
     for _ in range(FORCE_PLAIN_AFTER):
         g.record_forward(3, 0.011)
     assert g.plan("mtp") == 0 and g.forced_plain == 1
-    g.record_forward(1, 0.01)
+    plain_steps(g, 0.01)
     assert g.plan("mtp") > 0
 
 
@@ -132,7 +147,7 @@ def test_gate_off_drafts_every_proposal_in_full():
 
 def test_confidence_bins():
     g = Gate(7)
-    g.record_forward(1, 0.01)
+    plain_steps(g, 0.01)
     for n in range(2, 9):
         g.record_forward(n, 0.01 * (1 + 0.2 * (n - 1)))
     s = g.source("mtp")

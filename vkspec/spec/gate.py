@@ -26,10 +26,13 @@ Terms:
   cost(k) - E(k), in plain steps, over PROBE_BUDGET per pick (a dear
   source's probes cost at most ~3% of the time).
 * forced plain step: after FORCE_PLAIN_AFTER forwards without a plain step it
-  takes one, so T(1) stays measured; and it takes one first while T(1) is
-  unknown, because every cost is in units of T(1) (without it, the priors
-  alone would draft and a dear draft source, such as an MTP head pass on
-  Lavapipe, would never be priced).
+  takes one, so T(1) stays measured; and it takes plain steps first until
+  T(1) has T1_SAMPLES samples, because every cost is in units of T(1)
+  (without it, the priors alone would draft and a dear draft source, such as
+  an MTP head pass on Lavapipe, would never be priced). One sample is not
+  enough: the first step after a prefill ran ~1.3-1.9x a later one on the CPU
+  path, and a T(1) that high made every draft look cheap until the next
+  forced plain step, 64 forwards later.
 * confidence bins: with per-draft probabilities p_j from the source (the MTP
   head's own), a_j becomes the acceptance measured for drafts in p_j's bin (ten
   bins, each starting at its own centre, worth PRIOR_WEIGHT verifies).
@@ -55,6 +58,7 @@ MEMORY = 16.0
 PROBE_EVERY = 16
 PROBE_BUDGET = 1 / 32
 FORCE_PLAIN_AFTER = 64
+T1_SAMPLES = 3
 BINS = 10
 SAMPLES = 8
 
@@ -219,7 +223,7 @@ class Gate:
         k_max = min(self.k_max, k_max if k_max is not None else self.k_max)
         if not self.enabled:
             return k_max
-        if self.since_plain >= FORCE_PLAIN_AFTER or 1 not in self.t:
+        if self.since_plain >= FORCE_PLAIN_AFTER or len(self.samples.get(1, ())) < T1_SAMPLES:
             self.forced_plain += 1
             return 0
         self.picks += 1

@@ -89,16 +89,13 @@ class MtpDrafts:
         t_lead, passes = time.perf_counter(), self.lead_passes()
         h, logits = self._head(self.pending + [(self.h_last, pick, pos)])
         self.pending, self.absorbed = [], pos
-        lead = time.perf_counter() - t_lead
-        drafts, probs = [], []
-        t0 = None
-        while True:
+        d, p = self.vocab.best(logits)
+        lead = time.perf_counter() - t_lead          # the passes and the pick of draft 1
+        drafts, probs, t0 = [d], [p], time.perf_counter()
+        while len(drafts) < k and (gate is None or gate.deeper_p(self.name, len(drafts), probs)):
+            h, logits = self._head([(h, drafts[-1], pos + len(drafts))])
             d, p = self.vocab.best(logits)
             drafts.append(d)
             probs.append(p)
-            if len(drafts) == k or (gate is not None and not gate.deeper_p(self.name, len(drafts), probs)):
-                break
-            t0 = t0 or time.perf_counter()
-            h, logits = self._head([(h, d, pos + len(drafts))])
-        seconds = time.perf_counter() - t0 if t0 else 0.0
+        seconds = time.perf_counter() - t0 if len(drafts) > 1 else 0.0
         return Proposal(self.name, drafts, probs, seconds, lead=lead, passes=passes)
