@@ -24,8 +24,13 @@ def test_the_gate_drafts_only_after_timing_its_plain_steps():
     for i in range(T1_SAMPLES):
         assert g.plan("mtp") == 0 and g.forced_plain == i + 1
         g.record_forward(1, 0.010 * (3 if i == 0 else 1))   # the first step after a prefill: slow
-    assert g.t[1] == pytest.approx(0.010)                  # the median of three shrugs it off
+    assert g.t[1] == pytest.approx(0.010)                  # the low quartile shrugs it off
     assert g.plan("mtp") > 0
+    free = Gate(7)                                         # a free source risks less: one sample
+    assert free.plan("lookup", passes=0) == 0
+    free.record_forward(1, 0.010)
+    free.source("lookup").rates = [Rate(0.9 * 16, 16)]
+    assert free.plan("lookup", passes=0) > 0
 
 
 def test_priors_expected_tokens_and_unmeasured_cost():

@@ -5,9 +5,11 @@ Terms:
   before it were. It starts at the source's prior (MTP 0.8, 0.6, 0.5, then
   0.5; lookup 0.5), worth PRIOR_WEIGHT pseudo-verifies, and remembers about
   MEMORY verifies (older evidence is scaled down).
-* T(n): the measured seconds of an n-row forward: the median of its last
-  SAMPLES forwards (one slow forward, such as the first of a new shape, which
-  records it, does not sway it). An unmeasured row count costs
+* T(n): the measured seconds of an n-row forward: the lower quartile of its
+  last SAMPLES forwards (the minimum of up to three). Timing noise on a
+  shared machine is upward (preemption, the first step after a prefill), and
+  with the median of a few samples one slow plain step made T(1) too high and
+  every draft look cheap; Lavapipe's step time moves by up to 1.5x in a run. An unmeasured row count costs
   T(1) (1 + (n-1) rho), rho fitted from the multi-row forwards measured once
   T(1) is (0.5 until then).
 * d: the measured seconds a source spends per draft past its first.
@@ -26,8 +28,9 @@ Terms:
   cost(k) - E(k), in plain steps, over PROBE_BUDGET per pick (a dear
   source's probes cost at most ~3% of the time).
 * forced plain step: after FORCE_PLAIN_AFTER forwards without a plain step it
-  takes one, so T(1) stays measured; and it takes plain steps first until
-  T(1) has T1_SAMPLES samples, because every cost is in units of T(1)
+  takes one, so T(1) stays measured; and for a source with passes of its
+  own (the MTP head) it takes plain steps first until T(1) has T1_SAMPLES
+  samples, because every cost is in units of T(1)
   (without it, the priors alone would draft and a dear draft source, such as
   an MTP head pass on Lavapipe, would never be priced). One sample is not
   enough: the first step after a prefill ran ~1.3-1.9x a later one on the CPU
@@ -49,7 +52,6 @@ Terms:
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,)}
@@ -129,7 +131,7 @@ class Gate:
         last = self.samples.setdefault(rows, [])
         last.append(seconds)
         del last[:-SAMPLES]
-        self.t[rows] = statistics.median(last)
+        self.t[rows] = sorted(last)[len(last) // 4]
         self.since_plain = 0 if rows == 1 else self.since_plain + 1
 
     def record_verify(self, name: str, drafted: int, accepted: int, probs=None):
@@ -219,11 +221,12 @@ class Gate:
     # --- decisions ----------------------------------------------------------------
     def plan(self, name: str, k_max: int | None = None, passes: int = 1) -> int:
         """Drafts to ask the source for (0: a plain step); its first draft
-        would take ``passes`` passes."""
+        would take ``passes`` passes (0: a free source, such as lookup, which
+        may draft once T(1) has one sample)."""
         k_max = min(self.k_max, k_max if k_max is not None else self.k_max)
         if not self.enabled:
             return k_max
-        if self.since_plain >= FORCE_PLAIN_AFTER or len(self.samples.get(1, ())) < T1_SAMPLES:
+        if self.since_plain >= FORCE_PLAIN_AFTER or len(self.samples.get(1, ())) < (T1_SAMPLES if passes else 1):
             self.forced_plain += 1
             return 0
         self.picks += 1
