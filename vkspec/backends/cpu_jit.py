@@ -94,6 +94,30 @@ def _gemv(w, x, out):
                 out[i, r, m] = _finish(acc, s, used)
 
 
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _columns(x, m, acc, s, out):
+    """out[d] = dot(x, m[:, d]) over x's length for every column d of m, in
+    the canonical order (acc (128, D) and s (32, D) are scratch)."""
+    dv = m.shape[1]
+    acc[:, :] = np.float32(0.0)
+    for t in range(x.shape[0]):
+        xt = x[t]
+        a = acc[t % 128]
+        for d in range(dv):
+            a[d] = a[d] + xt * m[t, d]
+    for lane in range(32):
+        for d in range(dv):
+            s[lane, d] = (acc[4 * lane, d] + acc[4 * lane + 1, d]) + (acc[4 * lane + 2, d] + acc[4 * lane + 3, d])
+    stride = 16
+    while stride > 0:
+        for j in range(stride):
+            for d in range(dv):
+                s[j, d] = s[j, d] + s[j + stride, d]
+        stride //= 2
+    for d in range(dv):
+        out[d] = s[0, d]
+
+
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _weighted_rows(p, v, lens, out):
     """out[i, r, d] = dot(p[i, r, :lens[r]], v[i, :lens[r], d]): every column d
@@ -102,25 +126,9 @@ def _weighted_rows(p, v, lens, out):
     width = v.shape[2]
     for ir in prange(batch * n):
         i, r = ir // n, ir % n
-        acc = np.zeros((128, width), np.float32)
+        acc = np.empty((128, width), np.float32)
         s = np.empty((32, width), np.float32)
-        for t in range(lens[r]):
-            pt = p[i, r, t]
-            vt = v[i, t]
-            a = acc[t % 128]
-            for d in range(width):
-                a[d] = a[d] + pt * vt[d]
-        for lane in range(32):
-            for d in range(width):
-                s[lane, d] = (acc[4 * lane, d] + acc[4 * lane + 1, d]) + (acc[4 * lane + 2, d] + acc[4 * lane + 3, d])
-        stride = 16
-        while stride > 0:
-            for j in range(stride):
-                for d in range(width):
-                    s[j, d] = s[j, d] + s[j + stride, d]
-            stride //= 2
-        for d in range(width):
-            out[i, r, d] = s[0, d]
+        _columns(p[i, r, :lens[r]], v[i], acc, s, out[i, r])
 
 
 def _f32(a: np.ndarray) -> np.ndarray:

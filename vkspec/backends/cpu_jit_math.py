@@ -323,29 +323,6 @@ def expert_mlps(gate, up, down, h, idx) -> np.ndarray:
     return out.reshape(n, k, -1)
 
 
-@njit(inline="always", boundscheck=False, error_model="numpy")
-def _columns(x, m, acc, s, out):
-    """out[d] = dot(x, m[:, d]) in the canonical order (cpu.vecmats, one row)."""
-    dv = m.shape[1]
-    acc[:, :] = _ZERO
-    for t in range(m.shape[0]):
-        xt = x[t]
-        a = acc[t % 128]
-        for d in range(dv):
-            a[d] = a[d] + xt * m[t, d]
-    for lane in range(32):
-        for d in range(dv):
-            s[lane, d] = (acc[4 * lane, d] + acc[4 * lane + 1, d]) + (acc[4 * lane + 2, d] + acc[4 * lane + 3, d])
-    stride = 16
-    while stride > 0:
-        for j in range(stride):
-            for d in range(dv):
-                s[j, d] = s[j, d] + s[j + stride, d]
-        stride //= 2
-    for d in range(dv):
-        out[d] = s[0, d]
-
-
 @njit(boundscheck=False, error_model="numpy", cache=True)
 def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
     """cpu.deltanet_step for each row in turn, S kept after the first rows."""
@@ -361,14 +338,14 @@ def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
             for t in range(dk):
                 for d in range(dv):
                     sh[t, d] = sh[t, d] * g
-            _columns(k[i, h], sh, acc, s, mem)
+            cpu_jit._columns(k[i, h], sh, acc, s, mem)
             for d in range(dv):
                 delta[d] = (v[i, h, d] - mem[d]) * beta[i, h]
             for t in range(dk):
                 kt = k[i, h, t]
                 for d in range(dv):
                     sh[t, d] = sh[t, d] + kt * delta[d]
-            _columns(q[i, h], sh, acc, s, out[i, h])
+            cpu_jit._columns(q[i, h], sh, acc, s, out[i, h])
         if i < snaps.shape[0]:
             snaps[i] = S
 
