@@ -118,8 +118,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 if prop and prop.tokens:                 # judged in full, carried up to the plan
                     gate.judge_later(prop.key, prop.tokens, len(out))
                     prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens))]
-            elif (k := gate.plan(src.name, k_max, src.lead_passes() if hasattr(src, "lead_passes") else 0)
-                  if gate else k_max) > 0:
+            elif (k := gate.plan(src.name, k_max, passes(src)) if gate else k_max) > 0:
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
@@ -159,6 +158,11 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             raise
     return Result(out, last, counters.forwards, t1 - t0, time.perf_counter() - t1,
                   counters.drafted, counters.accepted, counters)
+
+
+def passes(src) -> int:
+    """The passes of its own a source needs to its first draft (0: free)."""
+    return src.lead_passes() if hasattr(src, "lead_passes") else 0
 
 
 def choose(proposals, gate):
