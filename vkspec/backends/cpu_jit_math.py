@@ -251,20 +251,6 @@ def _rms_rows(x, w, z, eps, inv_n, gated, out):
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
-def _l2_rows(x, eps, out):
-    """exact's l2norm per row: x * rsqrt(dot(x, x) + eps)."""
-    k = x.shape[1]
-    used = min(32, (k + 3) // 4)
-    acc = np.empty(128, F)
-    s = np.empty(32, F)
-    for r in range(x.shape[0]):
-        cpu_jit._lanes(acc, x[r], x[r], k)
-        rr = rsqrt1(cpu_jit._finish(acc, s, used) + eps)
-        for j in range(k):
-            out[r, j] = x[r, j] * rr
-
-
-@njit(boundscheck=False, error_model="numpy", cache=True)
 def _softmax_rows(x, lens, out):
     """exact.softmax per row over its first lens[r] entries (the rest +0):
     exp(x - max) * recip(reduce_sum(e)), NaN-propagating max as np.max."""
@@ -384,9 +370,11 @@ def rmsnorm(x, w, eps: float, z=None) -> np.ndarray:
 
 
 def l2norm(x, eps: float) -> np.ndarray:
+    """x * rsqrt(dot(x, x) + eps): an RMSNorm with 1/K = 1 and w = 1, both
+    exact multiplications."""
     x, x2 = _rows(x)
     out = np.empty_like(x2)
-    _l2_rows(x2, F(eps), out)
+    _rms_rows(x2, np.ones(x2.shape[1], F), x2, F(eps), _ONE, False, out)
     return out.reshape(x.shape)
 
 
@@ -408,7 +396,6 @@ def machine_code() -> str:
     e3 = np.ones((2, 3, 9), F)
     calls = ((_elementwise_kernel, (w, np.empty(9, F), 0)),
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
-             (_l2_rows, (x, F(1e-6), np.empty_like(x))),
              (_softmax_rows, (x, np.array([9, 4]), np.empty_like(x))),
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),

@@ -233,9 +233,9 @@ class Gate:
         s = self.source(name)
         s.since_probe += 1
         k, _ = self.best(name, k_max, passes)
-        if k < k_max:
+        if k < k_max and s.since_probe >= PROBE_EVERY:
             e, cost = self._terms(name, k + 1, False, passes)
-            if s.since_probe >= max(PROBE_EVERY, (cost - e) / PROBE_BUDGET):
+            if s.since_probe >= (cost - e) / PROBE_BUDGET:
                 s.since_probe = 0
                 self.probes += 1
                 return k + 1
