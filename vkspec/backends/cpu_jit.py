@@ -3,7 +3,8 @@
 Why a compiled twin at all: NumPy's elementwise loops move every product
 through memory, so an extra row of a verify block cost ~0.55 of a whole step
 on the CPU path and speculation could never pay there. Here each weight row is
-read once from memory and reused from L1 by every row of the block.
+read once from memory and reused from L1 by every row of the block, and the
+dot itself is cpu_jit_dot's register-resident kernel, three rows at a time.
 
 Why it is still exact: numba compiles without fast-math, so LLVM neither
 reassociates the lane sums nor fuses a multiply with an add (no contraction
@@ -22,6 +23,8 @@ import numpy as np
 from numba import njit, prange
 
 from .. import exact
+from . import cpu_jit_dot
+from .cpu_jit_dot import dot, dot2, dot3
 
 BLOCK = 32                  # weight rows per parallel work item
 
@@ -35,28 +38,6 @@ ENABLED = os.environ.get("VKSPEC_CPU_JIT", "1") != "0"
 
 def enabled() -> bool:
     return ENABLED
-
-
-@njit(inline="always", boundscheck=False, error_model="numpy")
-def _lanes(acc, xr, wm, k):
-    """acc[j] = +0 + the products xr[128c + j] * wm[128c + j] (c ascending, < k).
-
-    The +0 start is part of the definition: it turns an all -0 sum into +0, so
-    a lane is never -0 and adding the +0 products of exact.gemv's zero padding
-    changes nothing: the padding is skipped here."""
-    for j in range(128):
-        acc[j] = np.float32(0.0)
-    full = k // 128
-    for c in range(full):
-        xs = xr[c * 128:c * 128 + 128]
-        ws = wm[c * 128:c * 128 + 128]
-        for j in range(128):
-            acc[j] = acc[j] + xs[j] * ws[j]
-    rest = k - full * 128
-    xs = xr[full * 128:full * 128 + rest]
-    ws = wm[full * 128:full * 128 + rest]
-    for j in range(rest):
-        acc[j] = acc[j] + xs[j] * ws[j]
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
@@ -79,19 +60,23 @@ def _finish(acc, s, used):
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _gemv(w, x, out):
     """out[i, r, m] = dot(x[i, r], w[i, m]) over x's width, for a batch of matrices."""
-    batch, rows = w.shape[0], w.shape[1]
-    k = x.shape[2]
-    used = min(32, (k + 3) // 4)
+    batch, rows, n = w.shape[0], w.shape[1], x.shape[1]
     blocks = (rows + BLOCK - 1) // BLOCK
     for ib in prange(batch * blocks):
         i, b = ib // blocks, ib % blocks
-        acc = np.empty(128, np.float32)
-        s = np.empty(32, np.float32)
+        xi = x[i]
         for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
             wm = w[i, m]
-            for r in range(x.shape[1]):
-                _lanes(acc, x[i, r], wm, k)
-                out[i, r, m] = _finish(acc, s, used)
+            r = 0
+            threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
+            while r < 3 * threes:
+                out[i, r, m], out[i, r + 1, m], out[i, r + 2, m] = dot3(wm, xi[r], xi[r + 1], xi[r + 2])
+                r += 3
+            while r + 2 <= n:
+                out[i, r, m], out[i, r + 1, m] = dot2(wm, xi[r], xi[r + 1])
+                r += 2
+            if r < n:
+                out[i, r, m] = dot(wm, xi[r])
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
@@ -168,4 +153,5 @@ def machine_code() -> str:
     rows_ = njit(**opts)(_weighted_rows.py_func)
     rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
           np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
-    return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values()))
+    return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values())
+                     + [cpu_jit_dot.machine_code()])

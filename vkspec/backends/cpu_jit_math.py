@@ -25,6 +25,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import cpu_jit
+from .cpu_jit_dot import dot
 from .. import exact
 
 F, U = np.float32, np.uint32
@@ -239,12 +240,8 @@ def _rms_rows(x, w, z, eps, inv_n, gated, out):
     """exact.rmsnorm per row of x (rows, K): (x * rsqrt(dot(x, x) * inv_n + eps)) * w,
     times silu(z) when gated."""
     k = x.shape[1]
-    used = min(32, (k + 3) // 4)
-    acc = np.empty(128, F)
-    s = np.empty(32, F)
     for r in range(x.shape[0]):
-        cpu_jit._lanes(acc, x[r], x[r], k)
-        rr = rsqrt1(cpu_jit._finish(acc, s, used) * inv_n + eps)
+        rr = rsqrt1(dot(x[r], x[r]) * inv_n + eps)
         for j in range(k):
             v = (x[r, j] * rr) * w[j]
             out[r, j] = v * silu1(z[r, j]) if gated else v
@@ -282,21 +279,14 @@ def _softmax_rows(x, lens, out):
 def _expert_mlps(gate, up, down, h, rows, experts, out):
     """out[p] = down[e] . (silu(gate[e] . h[r]) * (up[e] . h[r])) for the pair
     p = (rows[p], experts[p]): each dot in the canonical order, as gemv."""
-    mi, width, k = gate.shape[1], down.shape[1], h.shape[1]
-    used_h, used_m = min(32, (k + 3) // 4), min(32, (mi + 3) // 4)
+    mi, width = gate.shape[1], down.shape[1]
     for p in prange(rows.shape[0]):
         r, e = rows[p], experts[p]
-        acc = np.empty(128, F)
-        s = np.empty(32, F)
         a = np.empty(mi, F)
         for m in range(mi):
-            cpu_jit._lanes(acc, h[r], gate[e, m], k)
-            g = cpu_jit._finish(acc, s, used_h)
-            cpu_jit._lanes(acc, h[r], up[e, m], k)
-            a[m] = silu1(g) * cpu_jit._finish(acc, s, used_h)
+            a[m] = silu1(dot(gate[e, m], h[r])) * dot(up[e, m], h[r])
         for m in range(width):
-            cpu_jit._lanes(acc, a, down[e, m], mi)
-            out[p, m] = cpu_jit._finish(acc, s, used_m)
+            out[p, m] = dot(down[e, m], a)
 
 
 def expert_mlps(gate, up, down, h, idx) -> np.ndarray:
