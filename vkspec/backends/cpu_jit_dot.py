@@ -16,9 +16,21 @@ The finish is exact._finish's order: (a[4l] + a[4l+1]) + (a[4l+2] + a[4l+3])
 per lane l, then s[i] + s[i + stride] for stride 16, 8, 4, 2, 1, written as
 even/odd and low/high shuffles. ``test_exact_core`` holds every kernel that
 uses these to exact.gemv bit for bit and reads their machine code for FMAs.
+(x86 may swap a product's operands, so when x and w are both NaN in one
+column the payload can be w's: NaN payloads are outside the contract.)
+
+Callers must pass w and every x with at least len(x0) elements (nothing here
+checks; gemv and expert_mlps assert it in Python).
+
+numba's cache keys a function on its own file, not on this IR, so a change
+here would leave callers' cached code linked to the old kernel: the first
+import after a change clears cpu_jit's and cpu_jit_math's cached code.
 """
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -49,36 +61,41 @@ def _ir(rows: int) -> str:
     L += ["  %done = icmp eq i64 %c, %full", "  br i1 %done, label %check, label %step",
           "step:", "  %base = shl i64 %c, 7"]
 
-    def lanes(tag, load, into, acc):
-        """one 128-column step: acc + x_r * w per slot, weight loaded once."""
-        out = []
-        for s in range(SLOTS):
-            out += [f"  %{tag}o{s} = add i64 %{tag}base, {V * s}",
-                    f"  %{tag}wp{s} = getelementptr float, ptr %w, i64 %{tag}o{s}",
-                    f"  %{tag}w{s} = {load(f'%{tag}wp{s}', s)}"]
-            for r in R:
-                out += [f"  %{tag}xp{r}.{s} = getelementptr float, ptr %x{r}, i64 %{tag}o{s}",
-                        f"  %{tag}x{r}.{s} = {load(f'%{tag}xp{r}.{s}', s)}",
-                        f"  %{tag}p{r}.{s} = fmul {F32} %{tag}x{r}.{s}, %{tag}w{s}",
-                        f"  %{into}{r}.{s} = fadd {F32} %{acc}{r}.{s}, %{tag}p{r}.{s}"]
+    def slot(tag, s, load, into, acc):
+        """one 16-column slot of a 128-column step: acc + x_r * w, w loaded once."""
+        out = [f"  %{tag}o{s} = add i64 %{tag}base, {V * s}",
+               f"  %{tag}wp{s} = getelementptr float, ptr %w, i64 %{tag}o{s}",
+               f"  %{tag}w{s} = {load(f'%{tag}wp{s}', s)}"]
+        for r in R:
+            out += [f"  %{tag}xp{r}.{s} = getelementptr float, ptr %x{r}, i64 %{tag}o{s}",
+                    f"  %{tag}x{r}.{s} = {load(f'%{tag}xp{r}.{s}', s)}",
+                    f"  %{tag}p{r}.{s} = fmul {F32} %{tag}x{r}.{s}, %{tag}w{s}",
+                    f"  %{into}{r}.{s} = fadd {F32} %{acc}{r}.{s}, %{tag}p{r}.{s}"]
         return out
 
-    L += lanes("", lambda p, s: f"load {F32}, ptr {p}, align 4", "n", "a")
+    for s in range(SLOTS):
+        L += slot("", s, lambda p, s: f"load {F32}, ptr {p}, align 4", "n", "a")
     L += ["  %c.next = add i64 %c, 1", "  br label %loop",
           "check:", "  %tbase = shl i64 %full, 7", "  %rest = sub i64 %k, %tbase",
-          "  %partial = icmp ne i64 %rest, 0", "  br i1 %partial, label %tail, label %finish",
-          "tail:", f"  %r1 = insertelement <{V} x i64> poison, i64 %rest, i64 0",
-          f"  %rs = shufflevector <{V} x i64> %r1, <{V} x i64> poison, <{V} x i32> zeroinitializer"]
-    L += [f"  %m{s} = icmp ult <{V} x i64> {_consts(range(V * s, V * s + V), 'i64')}, %rs"
-          for s in range(SLOTS)]
-    L += lanes("t", lambda p, s: f"call {F32} @llvm.masked.load.v{V}f32.p0(ptr {p}, i32 4, "
-                                 f"<{V} x i1> %m{s}, {F32} zeroinitializer)", "t", "a")
-    L += ["  br label %finish", "finish:"]
-    L += [f"  %f{r}.{s} = phi {F32} [%a{r}.{s}, %check], [%t{r}.{s}, %tail]"
-          for r in R for s in range(SLOTS)]
+          f"  %r1 = insertelement <{V} x i64> poison, i64 %rest, i64 0",
+          f"  %rs = shufflevector <{V} x i64> %r1, <{V} x i64> poison, <{V} x i32> zeroinitializer",
+          "  br label %slot0"]
+    # the last, partial step: a slot with no column left is skipped (its
+    # padding would only add +0), one with some is loaded under a mask
+    masked = lambda p, s: (f"call {F32} @llvm.masked.load.v{V}f32.p0(ptr {p}, i32 4, "  # noqa: E731
+                           f"<{V} x i1> %m{s}, {F32} zeroinitializer)")
+    for s in range(SLOTS):
+        L += [f"slot{s}:", f"  %live{s} = icmp ugt i64 %rest, {V * s}",
+              f"  br i1 %live{s}, label %do{s}, label %join{s}", f"do{s}:",
+              f"  %m{s} = icmp ult <{V} x i64> {_consts(range(V * s, V * s + V), 'i64')}, %rs"]
+        L += slot("t", s, masked, "t", "a")
+        L += [f"  br label %join{s}", f"join{s}:"]
+        L += [f"  %g{r}.{s} = phi {F32} [%a{r}.{s}, %slot{s}], [%t{r}.{s}, %do{s}]" for r in R]
+        L += [f"  br label %{'slot' + str(s + 1) if s + 1 < SLOTS else 'finish'}"]
+    L += ["finish:"]
     even, odd = _consts(range(0, 2 * V, 2)), _consts(range(1, 2 * V, 2))
     for r in R:
-        cur = [f"%f{r}.{s}" for s in range(SLOTS)]
+        cur = [f"%g{r}.{s}" for s in range(SLOTS)]
         for level in range(2):          # a[2i] + a[2i+1], twice: 128 -> 64 -> 32
             nxt = []
             for j in range(len(cur) // 2):
@@ -108,16 +125,35 @@ def _ir(rows: int) -> str:
 _LIBRARIES = {}
 
 
+def _clear_stale_cache():
+    cache = Path(__file__).parent / "__pycache__"
+    stamp = cache / ("cpu_jit_dot." + hashlib.sha1("".join(_ir(r) for r in (1, 2, 3)).encode()).hexdigest()[:16]
+                     + ".ir")
+    try:
+        if cache.is_dir() and not stamp.exists():
+            for f in list(cache.glob("cpu_jit.*.nb[ic]")) + list(cache.glob("cpu_jit_math.*.nb[ic]")):
+                f.unlink()
+            for f in cache.glob("cpu_jit_dot.*.ir"):
+                f.unlink()
+            stamp.touch()
+    except OSError:
+        pass        # a read-only install: its files, and so its cache, do not change
+
+
+_clear_stale_cache()
+
+
 def _library(context, rows: int):
     """The kernel compiled once per process, linked into each numba function
     that calls it (numba's cache keeps the linked code)."""
-    if rows not in _LIBRARIES:
+    key = (id(context.codegen()), rows)
+    if key not in _LIBRARIES:
         lib = context.codegen().create_library(f"vkspec_dot{rows}")
         module = llvm.parse_assembly(_ir(rows))
         module.verify()
         lib.add_llvm_module(module)
-        _LIBRARIES[rows] = lib
-    return _LIBRARIES[rows]
+        _LIBRARIES[key] = lib
+    return _LIBRARIES[key]
 
 
 def _typed(*arrays) -> bool:
@@ -144,14 +180,15 @@ def _codegen(rows: int):
 
 @intrinsic
 def dot(typingctx, w, x):
-    """dot(x, w[:len(x)]) in the canonical order (w may be zero-padded longer)."""
+    """dot(x, w[:len(x)]) in the canonical order; w must hold at least len(x)
+    (a zero-padded weight row may be longer)."""
     if _typed(w, x):
         return types.float32(w, x), _codegen(1)
 
 
 @intrinsic
 def dot2(typingctx, w, x0, x1):
-    """(dot(x0, w), dot(x1, w)), each as dot alone computes it; x1 as long as x0."""
+    """(dot(x0, w), dot(x1, w)), each as dot alone computes it; x1 must be as long as x0."""
     if _typed(w, x0, x1):
         return types.UniTuple(types.float32, 2)(w, x0, x1), _codegen(2)
 
@@ -164,6 +201,7 @@ def dot3(typingctx, w, x0, x1, x2):
 
 
 def machine_code() -> str:
-    """The kernels' assembly (numba's inspect_asm leaves linked libraries out)."""
+    """The kernels' own assembly (in callers' inspect_asm they are inlined,
+    hard to tell apart); call after a caller has compiled, as cpu_jit does."""
     from numba.core.registry import cpu_target
     return "\n".join(_library(cpu_target.target_context, r).get_asm_str() for r in (1, 2, 3))

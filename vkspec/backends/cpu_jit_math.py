@@ -292,6 +292,7 @@ def _expert_mlps(gate, up, down, h, rows, experts, out):
 def expert_mlps(gate, up, down, h, idx) -> np.ndarray:
     """cpu.expert_mlps over stacked f32 experts: (n, k, H)."""
     n, k = idx.shape
+    assert gate.shape == up.shape and gate.shape[2] >= h.shape[1] and down.shape[2] >= gate.shape[1]
     out = np.empty((n * k, down.shape[1]), F)
     rows = np.repeat(np.arange(n, dtype=np.int64), k)
     _expert_mlps(gate, up, down, np.ascontiguousarray(h, dtype=F), rows,
