@@ -7,14 +7,23 @@ every machine: ``--corpus tree`` (the committed model) takes every ``.py`` under
 (it overfits: ~2.8 epochs in 18 minutes); files are sorted by path and every
 10th one is held out. A byte-level BPE tokenizer is
 trained on the training files with ``tokenizers``. The trunk is transformers'
-``Qwen3NextForCausalLM`` (3 Gated DeltaNet layers + 1 gated attention layer,
-8 routed experts top-2 plus a shared expert); the MTP head is written here
+``Qwen3NextForCausalLM`` (``--layers`` in groups of 3 Gated DeltaNet layers + 1
+gated attention layer, 8 routed experts top-2 plus a shared expert); the MTP head is written here
 from transformers' own parts, as vkspec computes it:
 ``norm(layer(fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)])))`` -> lm_head,
 where h_t is the trunk's last layer output before its final norm, trained to
 predict token t+2.
 
-    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --corpus tree --minutes 20
+The committed model took three runs (the model card has the numbers): 4
+layers from scratch, then grown to 8 (``--init`` with more ``--layers``
+appends layers whose output projections start at zero, so the deeper trunk
+starts out computing exactly what the shallower one did), then continued:
+
+    .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage1 --corpus tree --minutes 20
+    .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage2 --corpus tree --init /tmp/stage1 \
+        --layers 8 --minutes 22 --lr 6e-4
+    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --corpus tree --init /tmp/stage2 \
+        --layers 8 --minutes 25 --lr 3e-4 --mtp-weight 1.0
 
 Deterministic for a given seed, thread count and torch build.
 """
@@ -129,6 +138,10 @@ def main():
                     help="top: Lib/*.py; tree: every .py under Lib but site-packages and test suites")
     ap.add_argument("--init", default=None,
                     help="continue from a checkpoint this script wrote (same corpus and tokenizer)")
+    ap.add_argument("--mtp-weight", type=float, default=0.5, help="loss = next-token CE + this x MTP CE")
+    ap.add_argument("--layers", type=int, default=4,
+                    help="trunk layers, a multiple of 4 (3 DeltaNet + 1 attention each); with --init "
+                         "from fewer, the new layers are appended with zero output projections")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
@@ -141,7 +154,8 @@ def main():
     enc = lambda texts: np.array([i for t in texts for i in tok.encode(t).ids + [eot]], np.int32)  # noqa: E731
     tr, ho = enc(train), enc(held)
     cfg = Qwen3NextConfig(
-        vocab_size=a.vocab, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+        vocab_size=a.vocab, hidden_size=192, intermediate_size=512, num_hidden_layers=a.layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (a.layers // 4),
         num_attention_heads=4, num_key_value_heads=2, head_dim=48, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=48, linear_value_head_dim=48,
         linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
@@ -161,7 +175,20 @@ def main():
     if a.init:
         from safetensors.torch import load_file
         sd = {k: v.float() for k, v in load_file(str(Path(a.init) / "model.safetensors")).items()}
-        model.load_state_dict({k: v for k, v in sd.items() if not k.startswith("mtp.")})
+        missing, unexpected = model.load_state_dict({k: v for k, v in sd.items() if not k.startswith("mtp.")},
+                                                    strict=False)
+        grown = sorted({int(k.split(".")[2]) for k in missing})
+        assert not unexpected and all(k.startswith("model.layers.") for k in missing), (missing, unexpected)
+        # a grown layer starts as the identity on the residual stream: every
+        # path into it ends in one of these projections, so the deeper trunk
+        # computes what the checkpoint computed (the head's input included)
+        # and training only has to improve on it
+        with torch.no_grad():
+            for i in grown:
+                for name, p in model.model.layers[i].named_parameters():
+                    if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                        p.zero_()
+        print(f"grown layers {grown}: zero output projections", flush=True)
         head.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("mtp.")}, strict=False)
     params = list(model.parameters()) + list(head.parameters())
     n_params = sum(p.numel() for p in params)
@@ -176,7 +203,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         main_l, mtp_l, acc = losses(model, head, next(data), None)
-        loss = main_l + 0.5 * mtp_l
+        loss = main_l + a.mtp_weight * mtp_l
         opt.zero_grad()
         if torch.isfinite(loss):
             loss.backward()
@@ -219,7 +246,7 @@ def main():
                  {k: prev[k] for k in ("steps", "train_seconds", "tokens_seen", "heldout_loss")}, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
                  train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
                  heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
-                 torch=torch.__version__, threads=a.threads, seed=a.seed, corpus=a.corpus, log=log)
+                 torch=torch.__version__, threads=a.threads, lr=a.lr, mtp_weight=a.mtp_weight, layers=a.layers, seed=a.seed, corpus=a.corpus, log=log)
     (out / "training.json").write_text(json.dumps(stats, indent=1) + "\n")
     print(json.dumps({k: v for k, v in stats.items() if k != "log"}))
 
