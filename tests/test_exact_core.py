@@ -286,3 +286,20 @@ def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeyp
         runs.append((out, snaps, S))
     for a, b in zip(*runs):
         bits_equal(a, b)
+
+
+def test_cached_kernels_are_dropped_when_the_dot_ir_changes(tmp_path):
+    """numba keys a cached function on its own file only, so cpu_jit_dot
+    stamps the IR its callers were compiled against."""
+    from vkspec.backends import cpu_jit_dot
+    cached = [tmp_path / "cpu_jit._gemv-60.py311.nbi", tmp_path / "cpu_jit_math._expert_mlps-278.py311.1.nbc"]
+    other = tmp_path / "model.cpython-311.pyc"
+    for f in cached + [other, tmp_path / "cpu_jit_dot.0123456789abcdef.ir"]:
+        f.touch()
+    cpu_jit_dot.clear_stale_cache(tmp_path)                 # an old stamp: the callers' code goes
+    assert not any(f.exists() for f in cached) and other.exists()
+    assert [f.name for f in tmp_path.glob("*.ir")] == [f"cpu_jit_dot.{cpu_jit_dot.ir_digest()}.ir"]
+    for f in cached:
+        f.touch()
+    cpu_jit_dot.clear_stale_cache(tmp_path)                 # the same IR: nothing goes
+    assert all(f.exists() for f in cached)

@@ -125,10 +125,14 @@ def _ir(rows: int) -> str:
 _LIBRARIES = {}
 
 
-def _clear_stale_cache():
-    cache = Path(__file__).parent / "__pycache__"
-    stamp = cache / ("cpu_jit_dot." + hashlib.sha1("".join(_ir(r) for r in (1, 2, 3)).encode()).hexdigest()[:16]
-                     + ".ir")
+def ir_digest() -> str:
+    return hashlib.sha1("".join(_ir(r) for r in (1, 2, 3)).encode()).hexdigest()[:16]
+
+
+def clear_stale_cache(cache: Path = Path(__file__).parent / "__pycache__"):
+    """Drop cpu_jit's and cpu_jit_math's cached code unless it was compiled
+    against this IR (a stamp file names the IR's digest)."""
+    stamp = cache / f"cpu_jit_dot.{ir_digest()}.ir"
     try:
         if cache.is_dir() and not stamp.exists():
             for f in list(cache.glob("cpu_jit.*.nb[ic]")) + list(cache.glob("cpu_jit_math.*.nb[ic]")):
@@ -140,7 +144,7 @@ def _clear_stale_cache():
         pass        # a read-only install: its files, and so its cache, do not change
 
 
-_clear_stale_cache()
+clear_stale_cache()
 
 
 def _library(context, rows: int):
