@@ -239,12 +239,16 @@ def run_cli(*args):
 def test_cli_vulkan_and_cpu_print_the_same_digest(vk, tiny_dir):
     out = {}
     for backend in ("cpu", "vulkan"):
-        res = run_cli("run", str(tiny_dir), "--prompt", "def fibonacci(n):", "-n", "40",
-                      "--backend", backend, "--dtype", "int8", "--json")
-        assert res.returncode == 0, res.stderr
-        out[backend] = json.loads(res.stdout)
-    assert out["vulkan"]["digest"] == out["cpu"]["digest"]
-    assert out["vulkan"]["tokens"] == out["cpu"]["tokens"]
+        for spec in ("off", "auto"):
+            res = run_cli("run", str(tiny_dir), "--prompt", "def fibonacci(n):", "-n", "40",
+                          "--backend", backend, "--dtype", "int8", "--spec", spec, "--json")
+            assert res.returncode == 0, res.stderr
+            out[backend, spec] = json.loads(res.stdout)
+    assert len({r["digest"] for r in out.values()}) == 1
+    assert len({tuple(r["tokens"]) for r in out.values()}) == 1
+    # a speculative device run records its step shapes before it is timed
+    assert out["vulkan", "auto"]["warm_s"] > 0
+    assert out["cpu", "auto"]["warm_s"] == out["vulkan", "off"]["warm_s"] == 0
 
 
 def test_cli_device_budget_is_one_line(vk, tiny_dir):
