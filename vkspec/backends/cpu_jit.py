@@ -62,13 +62,13 @@ def _gemv(w, x, out):
     """out[i, r, m] = dot(x[i, r], w[i, m]) over x's width, for a batch of matrices."""
     batch, rows, n = w.shape[0], w.shape[1], x.shape[1]
     blocks = (rows + BLOCK - 1) // BLOCK
+    threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
     for ib in prange(batch * blocks):
         i, b = ib // blocks, ib % blocks
         xi = x[i]
         for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
             wm = w[i, m]
             r = 0
-            threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
             while r < 3 * threes:
                 out[i, r, m], out[i, r + 1, m], out[i, r + 2, m] = dot3(wm, xi[r], xi[r + 1], xi[r + 2])
                 r += 3
