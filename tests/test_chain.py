@@ -15,7 +15,9 @@ from vkspec.generate import generate
 from vkspec.model import load_model
 from vkspec.tiny import make_tiny
 
-FORMATS = ["f32", "int8", "int4-g64"]
+# "bf16": a model whose every weight is a bfloat16 value, loaded at f32: the
+# chain keeps those weights as bf16 (quant.as_bf16), the CPU as f32
+FORMATS = ["f32", "int8", "int4-g64", "bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +26,18 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def pairs(vk, tiny_dir):
+def pairs(vk, tiny_dir, tmp_path_factory):
     """(cpu, vulkan) models per format, built once (pipelines are slow to make)."""
     cache = {}
+    bf16_dir = make_tiny(tmp_path_factory.mktemp("tiny_bf16"), seed=3, mtp=True, experts=4, bf16=True)
 
     def get(fmt, mtp=True):
         if (fmt, mtp) not in cache:
-            cache[fmt, mtp] = (load_model(tiny_dir, fmt=fmt, mtp=mtp),
-                               load_model(tiny_dir, fmt=fmt, mtp=mtp, backend="vulkan"))
+            d, f = (bf16_dir, "f32") if fmt == "bf16" else (tiny_dir, fmt)
+            cache[fmt, mtp] = (load_model(d, fmt=f, mtp=mtp), load_model(d, fmt=f, mtp=mtp, backend="vulkan"))
+            vk, kept = cache[fmt, mtp][1], ("bf16" if fmt == "bf16" else f)
+            assert {q.fmt for mix, out, ffn in vk.fused for q in [mix, out, *ffn.values()]} == {kept}
+            assert vk.head_w.fmt == kept
         return cache[fmt, mtp]
     return get
 
@@ -76,6 +82,24 @@ def test_prefill_decode_and_mtp_bits(pairs, fmt):
     kc, kv = cpu.snapshot(sc), vk.snapshot(sv)
     bits_equal(kv.mtp_k[:sc.kv_len], kc.mtp_k[:sc.kv_len])
     bits_equal(kv.mtp_v[:sc.kv_len], kc.mtp_v[:sc.kv_len])
+    # a draft vocabulary: the lm_head reads only the listed rows (lists of
+    # several device lengths, and one the device already holds)
+    V, rng = cpu.cfg.vocab_size, np.random.default_rng(5)
+    lists = [np.sort(rng.choice(V, k, replace=False)) for k in (1, 7, 100, V - 3, V)]
+    vk.listed_step = 64                   # device lengths 64, 64, 128, V, V
+    for ids in lists + lists[1:2]:
+        pos = [sc.kv_len - 1]
+        mc = cpu.mtp_forward(hc, [toks5[0]], sc, pos, ids=ids)
+        mv = vk.mtp_forward(hv, [toks5[0]], sv, pos, ids=ids)
+        whole = cpu.mtp_forward(hc, [toks5[0]], sc, pos)[1]
+        assert mc[1].shape == (1, len(ids))
+        bits_equal(mc[1], whole[:, ids])
+        bits_equal(mv[0], mc[0])
+        bits_equal(mv[1], mc[1])
+        assert vk.last_mtp_picks[0] == ids[int(np.argmax(mc[1][0]))]
+    with pytest.raises(VkspecError, match="out of range"):
+        vk.mtp_forward(hv, [toks5[0]], sv, [sc.kv_len - 1], ids=np.array([0, V]))
+    del vk.listed_step
 
 
 def test_warm_records_every_decoding_shape_up_to_a_length(pairs):
@@ -96,6 +120,12 @@ def test_warm_records_every_decoding_shape_up_to_a_length(pairs):
         vk.rewind(st, 0)
     vk.mtp_forward(np.zeros((3, vk.cfg.hidden_size), np.float32), [1, 2, 3], st, [150, 151, 152],
                    logits_rows="last")
+    assert vk.recordings == at
+    # a head that scores a draft vocabulary of ~100 ids: its shapes too
+    vk.warm(200, copies=7, listed=100)
+    at = vk.recordings
+    vk.mtp_forward(np.zeros((3, vk.cfg.hidden_size), np.float32), [1, 2, 3], st, [150, 151, 152],
+                   logits_rows="last", ids=np.arange(0, 300, 3))
     assert vk.recordings == at
 
 

@@ -73,6 +73,30 @@ def test_gemv_edge_values(cpu, vk, fmt):
     bits_equal(cpu.gemv(q, xs), vk.gemv(q, xs))
 
 
+def test_bf16_storage_is_lossless(cpu, vk):
+    """A weight whose values are all bfloat16 values (NaN, inf, -0 and
+    denormals among them) kept as bf16 words: dequantised it is the f32
+    matrix bit for bit, and the device's GEMV over the words is the CPU's over
+    the f32 values. A weight with any other value stays f32."""
+    from vkspec.tiny import bf16_values
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((70, 300)).astype(np.float32)
+    w[1] *= np.float32(1e-38)
+    w[2, :6] = [np.nan, np.inf, -np.inf, -0.0, 9.2e-41, -3e38]
+    w = bf16_values(w)
+    q = quant.quantize(w, "f32")
+    b = quant.as_bf16(q)
+    assert b.fmt == "bf16" and b.data.nbytes * 2 == q.data.nbytes
+    bits_equal(quant.dequantize(b), q.data)
+    bits_equal(quant.dequantize(b, 3, 9), q.data[3:9])
+    xs = rng.standard_normal((5, 300)).astype(np.float32)
+    bits_equal(vk.gemv(b, xs), cpu.gemv(q, xs))
+    w[5, 7] = np.nextafter(w[5, 7], np.float32(np.inf))     # one value off the bf16 grid
+    q2 = quant.quantize(w, "f32")
+    assert quant.as_bf16(q2) is q2
+    assert quant.as_bf16(quant.quantize(np.ones((2, 128), np.float32), "int8")).fmt == "int8"
+
+
 def test_gemv_matches_float64_closely(cpu):
     rng = np.random.default_rng(5)
     w = rng.standard_normal((64, 700)).astype(np.float32)

@@ -179,3 +179,21 @@ def test_placement_admits_by_count_within_the_rate():
     assert moves[0] == (0, 1, 3)             # the bigger gain first: 9 - 4 over 8 - 3
     assert p.step(counts) == [(1, 0, 1)]
     assert p.step(counts) == []              # nothing left to gain
+
+
+def test_bf16_experts_in_slots(vk, tmp_path):
+    """A model whose weights are all bfloat16 values: the slots hold its
+    experts as bf16 words (half the bytes of f32), the plan says so, and a
+    partial tier (slots, streaming) gives the CPU's f32 bits."""
+    d = make_tiny(tmp_path / "bf16", seed=5, mtp=True, experts=8, top_k=2, echo=True, bf16=True)
+    ref = generate(load_model(d), PROMPT, N)
+    e = load_model(d).w.layers[0].ffn.experts[0]
+    per_expert = (e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()) // 2     # f32 bytes, halved
+    for slots, stream in ((5, False), (5, True)):
+        tier = TierConfig(budget_gb=slots * per_expert / (1 << 30), rate=1, stream=stream)
+        m = load_model(d, backend="vulkan", tier=tier)
+        assert m.tier.expert_bytes == per_expert and sum(m.tier.caps) == slots
+        got = generate(m, PROMPT, N)
+        assert got.tokens == ref.tokens and got.digest == ref.digest
+        assert m.tier.stats.hits > 0
+        assert plan(d, tier=tier, snapshots=0)["device_total"] == m.up.allocated

@@ -111,3 +111,20 @@ def test_the_list_never_changes_output(tiny_dir):
                                                 spec_mtp_fr_vocab_size=size))
         got = generate_spec(model, prompt, 32, Sampler(), sources, gate)
         assert got.tokens == ref.tokens and got.digest == ref.digest
+
+
+def test_the_device_scores_the_same_list(vk, tiny_dir):
+    """A short list on the dense chain: the head's lm_head reads only the
+    listed rows there too, so every draft, acceptance and token is the CPU's."""
+    prompt = [3, 17, 250, 99, 1, 2, 17, 250]
+    runs = {}
+    for backend in ("cpu", "vulkan"):
+        model = load_model(tiny_dir, backend=backend)
+        sources, gate = build(model, SpecConfig(spec_mode="mtp", spec_gate=False, spec_draft_max=3,
+                                                spec_mtp_fr_vocab_size=5))
+        runs[backend] = generate_spec(model, prompt, 32, Sampler(), sources, gate)
+        assert sources[0].vocab.listed is not None and sources[0].vocab.listed.size < model.cfg.vocab_size
+        ref = generate(model, prompt, 32)
+        assert runs[backend].tokens == ref.tokens and runs[backend].digest == ref.digest
+    c, v = runs["cpu"], runs["vulkan"]
+    assert (v.forwards, v.drafted, v.accepted) == (c.forwards, c.drafted, c.accepted)

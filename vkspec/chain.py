@@ -33,8 +33,10 @@ from .devmem import DevWeight, Plan, Uploader, budget_bytes, qcat
 from .device import get_device, load_shader
 from .errors import VkspecError
 from .model import MlpW, MoeW, State, Weights, rope_tables
+from .quant import as_bf16
 
 MAX_ROWS = 8
+LISTED_STEP = 256          # a draft vocabulary's device list grows in steps of this many ids
 NO_SLOT = 0xFFFFFFFF
 # the Step block of shaders/step.glsl, in uint32 words
 STEP_KV_LEN, STEP_LIVE, STEP_NROWS = 0, 1, 2
@@ -65,6 +67,7 @@ class VulkanModel:
     new_state, forward, mtp_forward, rewind (and read_state for tests)."""
     max_rows = MAX_ROWS
     backend = "vulkan"
+    listed_step = LISTED_STEP
 
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
                  budget_gb: float | None = None, tier=None):
@@ -87,6 +90,8 @@ class VulkanModel:
         self.cfg, self.w = cfg, w
         self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
         self.fused = self._fused()
+        self.head_w = as_bf16(w.lm_head)
+        self.fc_w = as_bf16(w.mtp.fc) if w.mtp else None
         self.tier = ExpertTier(self, tier) if tier is not None else None
 
     @classmethod
@@ -98,7 +103,8 @@ class VulkanModel:
 
     # --- memory ---------------------------------------------------------------
     def _fused(self):
-        """The weights as the chain reads them: projections of one input fused."""
+        """The weights as the chain reads them: projections of one input fused,
+        bf16 where every value is one (quant.as_bf16)."""
         w = self.w
         layers = []
         for lw in w.layers + ([w.mtp.layer] if w.mtp else []):
@@ -114,7 +120,7 @@ class VulkanModel:
                     ffn.update(sh_gate_up=qcat([f.shared.gate, f.shared.up]), sh_down=f.shared.down)
             else:
                 ffn = dict(gate_up=qcat([lw.ffn.gate, lw.ffn.up]), down=lw.ffn.down)
-            layers.append((mix, out, ffn))
+            layers.append((as_bf16(mix), as_bf16(out), {k: as_bf16(q) for k, q in ffn.items()}))
         return layers
 
     def _dims(self):
@@ -151,9 +157,9 @@ class VulkanModel:
         vectors = [self.w.norm] + ([self.w.mtp.norm_emb, self.w.mtp.norm_hidden, self.w.mtp.norm]
                                    if self.w.mtp else [])
         items.append(("weights:norms", sum(int(a.nbytes) for a in vectors)))
-        wt("lm_head", self.w.lm_head)
+        wt("lm_head", self.head_w)
         if self.w.mtp:
-            wt("mtp.fc", self.w.mtp.fc)
+            wt("mtp.fc", self.fc_w)
         n_attn = 0
         for i, (mix, out, ffn) in enumerate(self.fused):
             wt(f"layer{i}.mix", mix)
@@ -173,7 +179,10 @@ class VulkanModel:
         items += [("rope:cos", ctx * max(c.rotary_dim, 1) * 4), ("rope:sin", ctx * max(c.rotary_dim, 1) * 4)]
         for name, words in self._scratch_sizes().items():
             items.append((f"scratch:{name}", words * 4))
-        items += [("scratch:step", STEP_WORDS * 4), ("scratch:mtp_step", STEP_WORDS * 4)]
+        items += [("scratch:step", STEP_WORDS * 4), ("scratch:mtp_step", STEP_WORDS * 4),
+                  ("scratch:mtp_last", STEP_WORDS * 4)]
+        if self.w.mtp:
+            items.append(("scratch:mtp_ids", d["V"] * 4))
         for kind, rows in self._output_shapes():
             items += [(f"outputs:{kind}{rows}.logits", rows * d["V"] * 4), (f"outputs:{kind}{rows}.picks", rows * 4)]
         for L, lw in zip(range(len(self.fused)), self._layers_w()):
@@ -211,7 +220,7 @@ class VulkanModel:
     def _build(self):
         up, d = self.up, self._dims()
         self.t_embed = up.array(self.w.embed)
-        self.t_head = up.weight(self.w.lm_head)
+        self.t_head = up.weight(self.head_w)
         cos, sin = rope_tables(self.cfg, self.ctx)
         self.t_cos = up.array(cos if cos.size else np.zeros(1, np.float32))
         self.t_sin = up.array(sin if sin.size else np.zeros(1, np.float32))
@@ -245,7 +254,7 @@ class VulkanModel:
         self.regions = 2
         if self.w.mtp:
             m = self.w.mtp
-            self.t_fc = up.weight(m.fc)
+            self.t_fc = up.weight(self.fc_w)
             self.t_norm_emb, self.t_norm_hidden = up.array(m.norm_emb), up.array(m.norm_hidden)
             self.t_mtp_norm = up.array(m.norm)
         self.t_norm = up.array(self.w.norm)
@@ -256,6 +265,10 @@ class VulkanModel:
             self.s[name] = up.zeros(words, dtype, kind)
         self.step = up.zeros(STEP_WORDS, np.uint32, "device")
         self.mtp_step = up.zeros(STEP_WORDS, np.uint32, "device")
+        self.mtp_last = up.zeros(STEP_WORDS, np.uint32, "device")     # a block's last row alone
+        if self.w.mtp:
+            self.t_ids = up.zeros(d["V"], np.uint32, "device")   # the head's draft vocabulary
+            self._ids = None
         self.out = {}      # (kind, rows) -> (logits, picks) device tensors
         for kind, rows in self._output_shapes():
             self._outputs(kind, rows)
@@ -279,10 +292,17 @@ class VulkanModel:
             algo = self._algos[key] = self.dev.algorithm(shader, tensors, g, push)
         self._rec.append((algo, shader.pack(push)))
 
-    def _gemv(self, w: DevWeight, x, y, rows, x_off=0, x_stride=None, y_off=0, y_stride=None, acc=False):
-        self._op("gemv", w.variant + ("_acc" if acc else ""), [w.data, w.scales, x, y], _groups(w.rows),
-                 rows=w.rows, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
-                 y_off=y_off, y_stride=w.rows if y_stride is None else y_stride)
+    def _gemv(self, w: DevWeight, x, y, rows, x_off=0, x_stride=None, y_off=0, y_stride=None, acc=False,
+              row_of=None, out_rows=None):
+        """y = w x for `rows` input rows; with ``row_of`` (a device list of
+        weight rows) only those ``out_rows`` rows of w, in the list's order."""
+        m = out_rows or w.rows
+        variant, tensors = w.variant + ("_acc" if acc else ""), [w.data, w.scales, x, y]
+        if row_of is not None:
+            variant, tensors = w.variant + "_rowmap", tensors + [row_of]
+        self._op("gemv", variant, tensors, _groups(m),
+                 rows=m, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
+                 y_off=y_off, y_stride=m if y_stride is None else y_stride)
 
     def _routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
         s = self.s
@@ -299,7 +319,7 @@ class VulkanModel:
                  y_off=y_off, y_stride=y_stride, y_inner=y_inner, z_off=z_off, z_stride=z_stride,
                  z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n))
 
-    def _record(self, kind: str, n: int, bucket: int, last: bool):
+    def _record(self, kind: str, n: int, bucket: int, last: bool, listed: int = 0):
         d, s = self._dims(), self.s
         self._rec = []
         step = self.step if kind == "main" else self.mtp_step
@@ -319,21 +339,27 @@ class VulkanModel:
             layers = self.layers[len(self.w.layers):]
         for L in layers:
             self._rmsnorm(x, L["in_norm"], s["h"], n, d["H"], x_stride=d["Hp"], y_stride=d["Hp"])
+            # the head absorbing a block: the rows before the last only write
+            # their KV row (nothing else of theirs is ever read)
+            m = 1 if kind == "mtp" and last and L["kind"] == "full_attention" else n
             if L["kind"] == "full_attention":
-                self._attention(L, x, n, bucket, step)
+                self._attention(L, x, n, bucket, step, last_only=m < n)
             else:
                 self._deltanet(L, x, n, step)
-            self._rmsnorm(x, L["post_norm"], s["h"], n, d["H"], x_stride=d["Hp"], y_stride=d["Hp"])
-            (self._moe if L["moe"] else self._mlp)(L, x, n)
+            o = (n - m) * d["Hp"]
+            self._rmsnorm(x, L["post_norm"], s["h"], m, d["H"], x_off=o, x_stride=d["Hp"], y_stride=d["Hp"])
+            (self._moe if L["moe"] else self._mlp)(L, x, m, x_off=o)
         rows = 1 if last else n
         norm = self.t_norm if kind == "main" else self.t_mtp_norm
         self._rmsnorm(x, norm, s["xn"], rows, d["H"], x_off=(n - rows) * d["Hp"], x_stride=d["Hp"],
                       y_stride=d["Hp"])
         logits, picks = self._outputs(kind, rows)
-        self._gemv(self.t_head, s["xn"], logits, rows, x_stride=d["Hp"])
-        self._op("argmax", None, [logits, picks], _groups(rows), rows=rows, n=d["V"], x_stride=d["V"])
+        width = listed or d["V"]                # listed: the head scores its draft vocabulary
+        self._gemv(self.t_head, s["xn"], logits, rows, x_stride=d["Hp"],
+                   row_of=self.t_ids if listed else None, out_rows=width)
+        self._op("argmax", None, [logits, picks], _groups(rows), rows=rows, n=width, x_stride=width)
         segments, seq = [], self.dev.sequence()
-        seq.record(self.kp.OpTensorSyncDevice([step] + ([s["mtp_in"]] if kind == "mtp" else [])))
+        seq.record(self.kp.OpTensorSyncDevice([step] + ([s["mtp_in"], self.mtp_last] if kind == "mtp" else [])))
         for algo, push in self._rec:
             if algo == "sync_local":
                 seq.record(self.kp.OpTensorSyncLocal(push))
@@ -349,7 +375,10 @@ class VulkanModel:
         self._rec = None
         return segments, logits, picks
 
-    def _attention(self, L, x, n, bucket, step):
+    def _attention(self, L, x, n, bucket, step, last_only=False):
+        """``last_only`` (the MTP head absorbing a block): every row writes
+        its K/V row; only the last is attended and goes on (into its x row),
+        with positions from the one-row ``mtp_last`` step."""
         d, s = self._dims(), self.s
         nh, nkv, hd, qw = d["nh"], d["nkv"], d["hd"], d["qw"]
         Pw = L["mix"].rows
@@ -367,15 +396,19 @@ class VulkanModel:
         rot = self.cfg.rotary_dim
         tabs = [self.t_cos, self.t_sin]
 
-        def rope(src, dst, variant, heads, r, y_stride):
+        def rope(src, dst, variant, heads, r, y_stride, rows=n, at=step):
             t = src.pop("t")
-            self._op("rope", variant, [t] + tabs + [dst, step], _groups(n * heads * hd),
-                     rows=n, heads=heads, hd=hd, rot=r, y_stride=y_stride, **src)
+            self._op("rope", variant, [t] + tabs + [dst, at], _groups(rows * heads * hd),
+                     rows=rows, heads=heads, hd=hd, rot=r, y_stride=y_stride, **src)
 
-        rope(q_src, s["qr"], "rows", nh, rot, nh * hd)
         rope(k_src, L["kc"], "cache", nkv, rot, nkv * hd)
         rope(dict(t=s["proj"], x_off=nh * qw + nkv * hd, x_stride=Pw, x_hstride=hd), L["vc"], "cache",
              nkv, 0, nkv * hd)
+        a = n - 1 if last_only else 0            # the first row attended
+        if last_only:
+            n, step = 1, self.mtp_last
+        q_src["x_off"] += a * q_src["x_stride"]
+        rope(q_src, s["qr"], "rows", nh, rot, nh * hd, rows=n, at=step)
         common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.ctx,
                       scale=np.float32(hd ** -0.5))
         self._op("attend", "scores", [s["qr"], L["kc"], s["scores"], s["attn_o"], step],
@@ -384,8 +417,9 @@ class VulkanModel:
                  (1, n * nh), **common)
         self._op("attend", "out_gated" if L["gated"] else "out",
                  [s["proj"], L["vc"], s["scores"], s["attn_o"], step], (_groups(hd), n * nh),
-                 q_stride=Pw, q_hstride=qw, gate_off=hd, o_stride=P(nh * hd), **common)
-        self._gemv(L["out"], s["attn_o"], x, n, x_stride=P(nh * hd), y_stride=d["Hp"], acc=True)
+                 q_stride=Pw, q_hstride=qw, gate_off=a * Pw + hd, o_stride=P(nh * hd), **common)
+        self._gemv(L["out"], s["attn_o"], x, n, x_stride=P(nh * hd), y_off=a * d["Hp"], y_stride=d["Hp"],
+                   acc=True)
 
     def _deltanet(self, L, x, n, step):
         d, s = self._dims(), self.s
@@ -404,16 +438,17 @@ class VulkanModel:
                       z_stride=Pw, z_inner=dv)
         self._gemv(L["out"], s["dn_n"], x, n, x_stride=P(nv * dv), y_stride=d["Hp"], acc=True)
 
-    def _mlp(self, L, x, n):
+    def _mlp(self, L, x, n, x_off=0):
+        """h rows 0..n-1 -> added to x from float x_off (so for _moe)."""
         d, s, f = self._dims(), self.s, L["ffn"]
         inter = f["down"].cols_p
         width = f["gate_up"].rows // 2
         self._gemv(f["gate_up"], s["h"], s["proj"], n, x_stride=d["Hp"])
         self._op("silu_mul", None, [s["proj"], s["act"]], _groups(n * width), rows=n, n=width,
                  x_stride=2 * width, y_stride=inter)
-        self._gemv(f["down"], s["act"], x, n, x_stride=inter, y_stride=d["Hp"], acc=True)
+        self._gemv(f["down"], s["act"], x, n, x_stride=inter, y_off=x_off, y_stride=d["Hp"], acc=True)
 
-    def _moe(self, L, x, n):
+    def _moe(self, L, x, n, x_off=0):
         d, s, f, c = self._dims(), self.s, L["ffn"], self.cfg
         E, k, H, mi = d["E"], d["k"], d["H"], c.moe_intermediate_size
         R = f["router"].rows
@@ -440,22 +475,24 @@ class VulkanModel:
             self._gemv(f["sh_down"], s["act"], s["sh"], n, x_stride=si, y_stride=H)
         self._op("moe_combine", "shared" if shared else "routed",
                  [x, s["ed"], s["rwt"], s["sh"], s["rlog"]], _groups(n * H), rows=n, n=H, k=k,
-                 x_stride=d["Hp"], y_stride=H, s_stride=H, g_stride=R, g_off=E, w_off=off)
+                 x_off=x_off, x_stride=d["Hp"], y_stride=H, s_stride=H, g_stride=R, g_off=E, w_off=off)
 
-    def _sequence(self, kind, n, bucket, last):
-        key = (kind, n, bucket, last)
+    def _sequence(self, kind, n, bucket, last, listed=0):
+        key = (kind, n, bucket, last, listed)
         if key not in self._seqs:
-            self._seqs[key] = self._record(kind, n, bucket, last)
+            self._seqs[key] = self._record(kind, n, bucket, last, listed)
             self.recordings += 1
         return self._seqs[key]
 
-    def warm(self, length: int = 0, copies: int = 0):
+    def warm(self, length: int = 0, copies: int = 0, listed: int = 0):
         """Record the decoding shapes (1..MAX_ROWS rows, trunk and MTP head) for
         every context bucket up to ``length`` tokens (default: the first) now:
         a driver that compiles pipelines at creation (Lavapipe: ~0.15 s per
         row count) then does not do it in the middle of a benchmark. The
         recurrent state first gets the regions for ``copies`` copy slots:
-        growing them later records every shape again."""
+        growing them later records every shape again. ``listed``: the head
+        will score a draft vocabulary of about that many ids (its device
+        length and the next are recorded too)."""
         if self.regions < copies + 2:
             if self._state is None:
                 self.new_state()
@@ -463,11 +500,14 @@ class VulkanModel:
         buckets = [self._bucket(1)]
         while buckets[-1] < min(length, self.ctx):
             buckets.append(self._bucket(buckets[-1] + 1))
+        step, V = self.listed_step, self.cfg.vocab_size
+        widths = [0] + sorted({min(V, (-(-listed // step) + i) * step) for i in (0, 1)} if listed else ())
         for bucket in buckets:
             for n in range(1, MAX_ROWS + 1):
                 self._sequence("main", n, bucket, False)
                 if self.w.mtp is not None:
-                    self._sequence("mtp", n, bucket, n > 1)
+                    for w in widths:
+                        self._sequence("mtp", n, bucket, n > 1, w)
 
     def _bucket(self, length: int) -> int:
         b = 64
@@ -503,13 +543,16 @@ class VulkanModel:
         a[STEP_TOK:STEP_TOK + len(tokens)] = tokens
         a[STEP_POS:STEP_POS + len(pos)] = pos
 
-    def _rows(self, kind, tokens, last, logits_t, picks_t):
-        n, H, V = len(tokens), self.cfg.hidden_size, self.cfg.vocab_size
+    def _rows(self, kind, tokens, last, logits_t, picks_t, ids=None, width=0):
+        n, H, V = len(tokens), self.cfg.hidden_size, width or self.cfg.vocab_size
         x = self.s["x" if kind == "main" else "mx"].data()
         rows = 1 if last else n
         hidden = x[:n * self._dims()["Hp"]].reshape(n, -1)[:, :H].copy()
-        logits = logits_t.data()[:rows * V].reshape(rows, V).copy()
+        logits = logits_t.data()[:rows * V].reshape(rows, V)
         picks = picks_t.data()[:rows].astype(np.int64)
+        if ids is not None:                  # the listed ids, then padding that repeats the last
+            logits, picks = logits[:, :len(ids)], ids[np.minimum(picks, len(ids) - 1)]
+        logits = logits.copy()
         if kind == "main":
             self.last_picks = picks      # the device's argmax of each logits row
         else:
@@ -564,11 +607,12 @@ class VulkanModel:
             raise VkspecError(f"row {keep - 1} of the last block has no copy slot")
         st.live, st.kv_len = live, kv0 + keep
 
-    def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions, logits_rows: str = "all"):
+    def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions, logits_rows: str = "all", ids=None):
         """The MTP head on the device; see Model.mtp_forward. With
-        logits_rows="last" the device still runs every row through the layer
-        (one recorded pass; no other row's result is read) and the lm_head
-        over the last row only."""
+        logits_rows="last" the rows before the last only write their KV row
+        (one recorded pass) and the last alone goes on to the lm_head. With ``ids`` the lm_head reads only those
+        rows, through a device list padded to a multiple of listed_step (one
+        recorded sequence per padded length)."""
         self._check(st)
         if self.w.mtp is None:
             raise VkspecError("the model was loaded without its MTP head")
@@ -579,11 +623,32 @@ class VulkanModel:
         buf = self.s["mtp_in"].data()
         buf[:n * d["Hp"]].reshape(n, d["Hp"])[:, :d["H"]] = np.asarray(hidden, np.float32).reshape(n, d["H"])
         self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
+        self._write_step(self.mtp_last, 0, 0, tokens[-1:], pos[-1:], [])
         last = logits_rows != "all" and n > 1
-        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last)
+        listed = 0 if ids is None else self._list_ids(ids)
+        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last, listed)
         self._run(segments)
-        hidden, logits = self._rows("mtp", tokens, last, logits_t, picks_t)
+        hidden, logits = self._rows("mtp", tokens, last, logits_t, picks_t, ids, listed)
         return (hidden[-1:], logits) if last else (hidden, logits)
+
+    def _list_ids(self, ids) -> int:
+        """Put a draft vocabulary (an array DraftVocab replaces, never edits) on
+        the device if it is not the one there; its padded length."""
+        k, V = len(ids), self.cfg.vocab_size
+        if not 1 <= k <= V:
+            raise VkspecError(f"a draft vocabulary has 1 to {V} ids, got {k}")
+        width = min(V, -(-k // self.listed_step) * self.listed_step)
+        if self._ids is not ids:
+            if int(np.min(ids)) < 0 or int(np.max(ids)) >= V:
+                raise VkspecError(f"a draft vocabulary id is out of range 0..{V - 1}")
+            a = self.t_ids.data()
+            a[:k] = ids
+            a[k:width] = ids[-1]         # argmax keeps the first of equal scores: index k-1
+            seq = self.dev.sequence()
+            seq.record(self.kp.OpTensorSyncDevice([self.t_ids]))
+            seq.eval()
+            self._ids = ids
+        return width
 
     def _run(self, segments):
         for seq, host in segments:

@@ -38,7 +38,7 @@ def _run(args) -> int:
         # head); recorded lazily, Lavapipe's pipeline builds (~0.15 s each)
         # would land inside the decode time and the gate's first T(n)
         t0 = time.perf_counter()
-        model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots)
+        model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots, _listed(model, cfg))
         warm_s = time.perf_counter() - t0
     import signal
 
@@ -134,6 +134,13 @@ def _spec_config(args):
                            spec_gate_pstep=True if getattr(args, "pstep", False) else None)
 
 
+def _listed(model, cfg) -> int:
+    """About how many ids the MTP head will score (0: the whole vocabulary)."""
+    size, vocab = cfg.spec_mtp_fr_vocab_size, model.cfg.vocab_size
+    head = cfg.spec_mode in ("mtp", "auto") and getattr(model.w, "mtp", None) is not None
+    return size if head and 0 < size < vocab else 0
+
+
 def _load_for_spec(args, cfg, tier):
     """The model, with its MTP head when the mode drafts from it (mtp requires
     one, auto takes it when the checkpoint has one)."""
@@ -168,7 +175,8 @@ def _serve(args) -> int:
     model = _load_for_spec(args, cfg, tier)
     if hasattr(model, "warm"):      # the first requests should not wait for pipeline builds
         t0 = time.perf_counter()
-        model.warm(copies=cfg.spec_mtp_recurrent_snapshots if cfg.spec_mode != "off" else 0)
+        spec = cfg.spec_mode != "off"
+        model.warm(copies=cfg.spec_mtp_recurrent_snapshots if spec else 0, listed=_listed(model, cfg))
         print(f"[vkspec serve] decoding shapes recorded in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
     try:

@@ -120,6 +120,6 @@ class Uploader:
     def weight(self, w: QWeight) -> DevWeight:
         data = self.array(w.data)
         scales = self.array(w.scales if w.scales.size else np.zeros(1, np.float32))
-        spr = 0 if w.fmt == "f32" else (1 if w.fmt == "int8" else w.cols_p // 64)
+        spr = {"f32": 0, "bf16": 0, "int8": 1}.get(w.fmt, w.cols_p // 64)
         return DevWeight(w.fmt, w.rows, w.cols_p, w.variant, data, scales,
                          int(w.data.shape[1]), spr)

@@ -27,7 +27,7 @@ from .backends import cpu as ops
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import VkspecError
-from .quant import QWeight, quantize
+from .quant import QWeight, quantize, take_rows
 
 f32 = np.float32
 
@@ -418,9 +418,11 @@ class Model:
         st.extra.pop("block", None)
 
     # --- the MTP head -------------------------------------------------------
-    def mtp_forward(self, hidden, next_tokens, st: State, positions, logits_rows: str = "all"):
+    def mtp_forward(self, hidden, next_tokens, st: State, positions, logits_rows: str = "all", ids=None):
         """One row per (h_t, token t+1): fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]),
-        the head's decoder layer (its own KV cache), its norm and the lm_head.
+        the head's decoder layer (its own KV cache), its norm and the lm_head
+        (only its rows ``ids``, ascending, when given: logits[:, j] is the
+        score of token ids[j], the same bits as in the whole row).
 
         Rows are written at the given positions of the head's cache (the
         token t+1's position); returns (head hidden, logits). With
@@ -437,8 +439,16 @@ class Model:
                           st.mtp_k, st.mtp_v)
             x, pos = x[-1:], pos[-1:]
         x = self.layer(m.layer, x, pos, st.mtp_k, st.mtp_v)
-        logits = ops.gemv(self.w.lm_head, ops.rmsnorm(x, m.norm, eps))
+        head = self.w.lm_head if ids is None else self._listed_head(ids)
+        logits = ops.gemv(head, ops.rmsnorm(x, m.norm, eps))
         return x, logits
+
+    def _listed_head(self, ids):
+        """The lm_head's rows of a draft vocabulary, kept while the list (an
+        array DraftVocab replaces, never edits) stays the same object."""
+        if getattr(self, "_listed", (None,))[0] is not ids:
+            self._listed = (ids, take_rows(self.w.lm_head, ids))
+        return self._listed[1]
 
 
 def rope_tables(cfg: ModelConfig, ctx: int):

@@ -9,6 +9,8 @@ Packed layouts (uint32 words, little-endian within a word), over columns padded
 to a multiple of 128:
 * q8: 4 signed bytes per word, column 4i+j in byte j; scales (rows,)
 * q4: 8 nibbles per word, column 8i+j in nibble j, value nibble-8; scales (rows, cols/64)
+* bf16 (device storage only, see :func:`as_bf16`): 2 halves per word, column
+  2i in the low half; a half is the high 16 bits of the f32 value
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class QWeight:
 
     @property
     def variant(self) -> str:
-        return {"f32": "f32", "int8": "q8", "int4-g64": "q4"}[self.fmt]
+        return {"f32": "f32", "bf16": "bf16", "int8": "q8", "int4-g64": "q4"}[self.fmt]
 
     def nbytes(self) -> int:
         return int(self.data.nbytes + self.scales.nbytes)
@@ -76,12 +78,37 @@ def quantize(w: np.ndarray, fmt: str) -> QWeight:
     raise ValueError(f"unknown weight format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
+def as_bf16(qw: QWeight) -> QWeight:
+    """An f32 weight whose every value is a bfloat16 value (a bf16 checkpoint
+    loaded at f32) as bf16 words: half the bytes on the device, and the same
+    values (widening bf16 to f32 is exact), so the same bits. Anything else
+    comes back as it is: this is a lossless form, never a rounding."""
+    if qw.fmt != "f32":
+        return qw
+    u = np.ascontiguousarray(qw.data).view(np.uint32)
+    if (u & np.uint32(0xFFFF)).any():
+        return qw
+    hi = (u >> np.uint32(16)).reshape(qw.rows, -1, 2)
+    return QWeight("bf16", qw.rows, qw.cols, hi[:, :, 0] | (hi[:, :, 1] << np.uint32(16)), qw.scales)
+
+
+def take_rows(qw: QWeight, ids) -> QWeight:
+    """Rows ``ids`` of qw, in that order, each with its own bits (the lm_head
+    rows of the MTP head's draft vocabulary)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    scales = qw.scales[ids] if qw.scales.size else qw.scales
+    return QWeight(qw.fmt, int(ids.size), qw.cols, np.ascontiguousarray(qw.data[ids]), np.ascontiguousarray(scales))
+
+
 def dequantize(qw: QWeight, r0: int = 0, r1: int | None = None) -> np.ndarray:
     """Rows r0..r1 as float32 (rows, cols_p): the values the kernels compute with."""
     r1 = qw.rows if r1 is None else r1
     d = qw.data[r0:r1]
     if qw.fmt == "f32":
         return d
+    if qw.fmt == "bf16":
+        halves = np.stack([d << np.uint32(16), d & np.uint32(0xFFFF0000)], axis=-1)
+        return halves.reshape(r1 - r0, -1).view(np.float32)
     if qw.fmt == "int8":
         q = d.view(np.int8).reshape(r1 - r0, -1).astype(np.float32)
         return q * qw.scales[r0:r1, None]

@@ -159,13 +159,24 @@ def make_echo(t: dict, cfg: dict):
                                              np.zeros((h, h), np.float32)], axis=1)
 
 
-def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, **kw) -> Path:
+def bf16_values(a: np.ndarray) -> np.ndarray:
+    """float32 a rounded to the nearest bfloat16 values (ties to even), kept as float32."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, bf16: bool = False, **kw) -> Path:
+    """A random model (``bf16``: every weight a bfloat16 value, as a bf16
+    checkpoint's are)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(**kw)
     weights = random_weights(cfg, seed)
     if echo:
         make_echo(weights, cfg)
+    if bf16:
+        weights = {k: bf16_values(v) for k, v in weights.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     make_tokenizer(cfg["vocab_size"]).save(str(out / "tokenizer.json"))

@@ -16,6 +16,7 @@ layout(push_constant) uniform Push {
     uint rows;
     uint n;
     uint k;
+    uint x_off;     // first float of x's first row
     uint x_stride;
     uint y_stride;
     uint s_stride;
@@ -33,6 +34,7 @@ void main() {
 #ifdef SHARED
     acc = acc + x_sigmoid(gate[r * p.g_stride + p.g_off]) * sh[r * p.s_stride + c];
 #endif
-    precise float v = x[r * p.x_stride + c] + acc;
-    x[r * p.x_stride + c] = v;
+    uint xi = p.x_off + r * p.x_stride + c;
+    precise float v = x[xi] + acc;
+    x[xi] = v;
 }

@@ -72,7 +72,7 @@ class MtpDrafts:
         for i in range(0, len(pairs), m.max_rows):
             chunk = pairs[i:i + m.max_rows]
             out = m.mtp_forward(np.stack([h for h, _, _ in chunk]), [t for _, t, _ in chunk],
-                                self.state, [p for _, _, p in chunk], logits_rows="last")
+                                self.state, [p for _, _, p in chunk], logits_rows="last", ids=self.vocab.listed)
         return out[0][-1], out[1][-1]
 
     def lead_passes(self) -> int:
@@ -89,12 +89,12 @@ class MtpDrafts:
         t_lead, passes = time.perf_counter(), self.lead_passes()
         h, logits = self._head(self.pending + [(self.h_last, pick, pos)])
         self.pending, self.absorbed = [], pos
-        d, p = self.vocab.best(logits)
+        d, p = self.vocab.best(logits, listed=self.vocab.listed is not None)
         lead = time.perf_counter() - t_lead          # the passes and the pick of draft 1
         drafts, probs, t0 = [d], [p], time.perf_counter()
         while len(drafts) < k and (gate is None or gate.deeper_p(self.name, len(drafts), probs)):
             h, logits = self._head([(h, drafts[-1], pos + len(drafts))])
-            d, p = self.vocab.best(logits)
+            d, p = self.vocab.best(logits, listed=self.vocab.listed is not None)
             drafts.append(d)
             probs.append(p)
         seconds = time.perf_counter() - t0 if len(drafts) > 1 else 0.0

@@ -62,6 +62,10 @@ def write_counts(path: Path, counts: np.ndarray, since: int):
 
 
 class DraftVocab:
+    """The list and its counts. The head scores the listed ids only (the
+    lm_head reads those rows alone, on both backends), so a draft costs less
+    the shorter the list."""
+
     def __init__(self, vocab: int, size: int = 16000, path: Path | None = None):
         self.vocab, self.size, self.path = vocab, size, path
         self.counts = np.zeros(vocab, np.float32)
@@ -125,10 +129,19 @@ class DraftVocab:
             self.ids = np.flatnonzero(self.member)
             self.appended += 1
 
-    def best(self, logits: np.ndarray) -> tuple[int, float]:
+    @property
+    def listed(self) -> np.ndarray | None:
+        """The ids the head scores (None: the whole vocabulary). The array is
+        replaced, never edited, when the list changes."""
+        return None if self.whole else self.ids
+
+    def best(self, logits: np.ndarray, listed: bool = False) -> tuple[int, float]:
         """The listed id with the highest score (the lower id on a tie), and
-        its probability under a softmax over the listed scores within 20 of it."""
-        s = np.asarray(logits, np.float64)[self.ids]
+        its probability under a softmax over the listed scores within 20 of it.
+        ``listed``: the logits are the listed ids' scores only, in list order."""
+        s = np.asarray(logits, np.float64)
+        if not listed:
+            s = s[self.ids]
         j = int(np.argmax(s))
         near = s[s >= s[j] - 20.0]
         return int(self.ids[j]), float(1.0 / np.exp(near - s[j]).sum())
