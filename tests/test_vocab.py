@@ -128,3 +128,14 @@ def test_the_device_scores_the_same_list(vk, tiny_dir):
         assert runs[backend].tokens == ref.tokens and runs[backend].digest == ref.digest
     c, v = runs["cpu"], runs["vulkan"]
     assert (v.forwards, v.drafted, v.accepted) == (c.forwards, c.drafted, c.accepted)
+
+
+def test_a_list_of_every_id_is_the_whole_vocabulary():
+    """Counts that cannot rank the ids (all zero) list every id: the head
+    then scores the whole lm_head, not a copy of it through a list."""
+    v = DraftVocab(64, size=5)
+    v.begin([1, 2])
+    assert v.ids.size == 64 and v.listed is None
+    v.counts[:10] = np.arange(10, 0, -1)
+    v.rebuild()
+    assert v.listed is not None and v.listed.size < 64

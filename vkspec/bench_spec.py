@@ -72,7 +72,7 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
     from .model import load_model
     from .sampling import Sampler
     from .spec import SpecConfig, generate_spec
-    from .spec.sources import build
+    from .spec.sources import build, listed_size
     from .tokenizer import load_tokenizer
     tok = load_tokenizer(model_dir)
     rows = []
@@ -82,7 +82,8 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
         model = load_model(model_dir, fmt=dtype, backend=backend)
         if hasattr(model, "warm"):                # every shape the runs will meet, recorded now
             model.warm(max(len(encode_prompt(model_dir, PROMPTS[p])) for p in prompts) + n + 8,
-                       copies=SpecConfig().spec_mtp_recurrent_snapshots)
+                       copies=SpecConfig().spec_mtp_recurrent_snapshots,
+                       listed=listed_size(model, SpecConfig(spec_mode="mtp")))
         has_mtp = getattr(model.w, "mtp", None) is not None
         for pname in prompts:
             ids = encode_prompt(model_dir, PROMPTS[pname])

@@ -268,7 +268,7 @@ class VulkanModel:
         self.mtp_last = up.zeros(STEP_WORDS, np.uint32, "device")     # a block's last row alone
         if self.w.mtp:
             self.t_ids = up.zeros(d["V"], np.uint32, "device")   # the head's draft vocabulary
-            self._ids = None
+            self._ids, self._ids_width = None, 0
         self.out = {}      # (kind, rows) -> (logits, picks) device tensors
         for kind, rows in self._output_shapes():
             self._outputs(kind, rows)
@@ -297,6 +297,7 @@ class VulkanModel:
         """y = w x for `rows` input rows; with ``row_of`` (a device list of
         weight rows) only those ``out_rows`` rows of w, in the list's order."""
         m = out_rows or w.rows
+        assert row_of is None or not acc
         variant, tensors = w.variant + ("_acc" if acc else ""), [w.data, w.scales, x, y]
         if row_of is not None:
             variant, tensors = w.variant + "_rowmap", tensors + [row_of]
@@ -625,6 +626,8 @@ class VulkanModel:
         self._write_step(self.mtp_step, 0, 0, tokens, pos, [])
         self._write_step(self.mtp_last, 0, 0, tokens[-1:], pos[-1:], [])
         last = logits_rows != "all" and n > 1
+        if ids is not None and not isinstance(ids, np.ndarray):
+            ids = np.asarray(ids, np.int64)
         listed = 0 if ids is None else self._list_ids(ids)
         segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last, listed)
         self._run(segments)
@@ -638,7 +641,7 @@ class VulkanModel:
         if not 1 <= k <= V:
             raise VkspecError(f"a draft vocabulary has 1 to {V} ids, got {k}")
         width = min(V, -(-k // self.listed_step) * self.listed_step)
-        if self._ids is not ids:
+        if self._ids is not ids or self._ids_width != width:
             if int(np.min(ids)) < 0 or int(np.max(ids)) >= V:
                 raise VkspecError(f"a draft vocabulary id is out of range 0..{V - 1}")
             a = self.t_ids.data()
@@ -647,7 +650,7 @@ class VulkanModel:
             seq = self.dev.sequence()
             seq.record(self.kp.OpTensorSyncDevice([self.t_ids]))
             seq.eval()
-            self._ids = ids
+            self._ids, self._ids_width = ids, width
         return width
 
     def _run(self, segments):

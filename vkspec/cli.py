@@ -14,7 +14,7 @@ from .spec.config import UNSUPPORTED as UNSUPPORTED_SPEC
 def _run(args) -> int:
     from .sampling import Sampler
     from .spec import generate_spec
-    from .spec.sources import build, save_vocab
+    from .spec.sources import build, listed_size, save_vocab
     from .tokenizer import load_tokenizer
     cfg = _spec_config(args)
     if args.prompt_ids is not None:
@@ -38,7 +38,7 @@ def _run(args) -> int:
         # head); recorded lazily, Lavapipe's pipeline builds (~0.15 s each)
         # would land inside the decode time and the gate's first T(n)
         t0 = time.perf_counter()
-        model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots, _listed(model, cfg))
+        model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots, listed_size(model, cfg))
         warm_s = time.perf_counter() - t0
     import signal
 
@@ -134,13 +134,6 @@ def _spec_config(args):
                            spec_gate_pstep=True if getattr(args, "pstep", False) else None)
 
 
-def _listed(model, cfg) -> int:
-    """About how many ids the MTP head will score (0: the whole vocabulary)."""
-    size, vocab = cfg.spec_mtp_fr_vocab_size, model.cfg.vocab_size
-    head = cfg.spec_mode in ("mtp", "auto") and getattr(model.w, "mtp", None) is not None
-    return size if head and 0 < size < vocab else 0
-
-
 def _load_for_spec(args, cfg, tier):
     """The model, with its MTP head when the mode drafts from it (mtp requires
     one, auto takes it when the checkpoint has one)."""
@@ -168,7 +161,7 @@ def _serve(args) -> int:
     from .serve.app import create_app
     from .serve.engine import Engine
     from .serve.text import chat_template
-    from .spec.sources import build, save_vocab
+    from .spec.sources import build, listed_size, save_vocab
     from .tokenizer import load_tokenizer
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
@@ -176,7 +169,8 @@ def _serve(args) -> int:
     if hasattr(model, "warm"):      # the first requests should not wait for pipeline builds
         t0 = time.perf_counter()
         spec = cfg.spec_mode != "off"
-        model.warm(copies=cfg.spec_mtp_recurrent_snapshots if spec else 0, listed=_listed(model, cfg))
+        model.warm(copies=cfg.spec_mtp_recurrent_snapshots if spec else 0,
+                   listed=listed_size(model, cfg) if spec else 0)
         print(f"[vkspec serve] decoding shapes recorded in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
     try:

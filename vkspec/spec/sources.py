@@ -32,6 +32,14 @@ def build(model, cfg: SpecConfig, model_dir=None, forced: str | None = None,
     return sources, gate
 
 
+def listed_size(model, cfg: SpecConfig) -> int:
+    """About how many ids the MTP head will score (0: the whole vocabulary),
+    for the device to record those shapes beforehand."""
+    size, vocab = cfg.spec_mtp_fr_vocab_size, model.cfg.vocab_size
+    head = cfg.spec_mode in ("mtp", "auto") and getattr(model.w, "mtp", None) is not None
+    return size if head and 0 < size < vocab else 0
+
+
 def save_vocab(sources) -> None:
     for s in sources:
         v = getattr(getattr(s, "inner", s), "vocab", None)

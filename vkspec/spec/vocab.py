@@ -133,7 +133,7 @@ class DraftVocab:
     def listed(self) -> np.ndarray | None:
         """The ids the head scores (None: the whole vocabulary). The array is
         replaced, never edited, when the list changes."""
-        return None if self.whole else self.ids
+        return None if self.whole or self.ids.size == self.vocab else self.ids
 
     def best(self, logits: np.ndarray, listed: bool = False) -> tuple[int, float]:
         """The listed id with the highest score (the lower id on a tie), and
