@@ -14,16 +14,25 @@ from transformers' own parts, as vkspec computes it:
 where h_t is the trunk's last layer output before its final norm, trained to
 predict token t+2.
 
-The committed model took three runs (the model card has the numbers): 4
+The committed model took five runs (the model card has the numbers): 4
 layers from scratch, then grown to 8 (``--init`` with more ``--layers``
 appends layers whose output projections start at zero, so the deeper trunk
-starts out computing exactly what the shallower one did), then continued:
+starts out computing exactly what the shallower one did), then continued;
+then two runs that train only the head (``--distill-head``: the trunk is
+frozen and saved bit for bit as it was, and the head learns the trunk's own
+next-token distribution, which is what a greedy verify accepts), the second
+with half of each batch from the trunk's own greedy continuations of
+training windows (``--greedy-texts``), the text a verify actually checks:
 
     .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage1 --corpus tree --minutes 20
     .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage2 --corpus tree --init /tmp/stage1 \
         --layers 8 --minutes 22 --lr 6e-4
-    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --corpus tree --init /tmp/stage2 \
+    .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage3 --corpus tree --init /tmp/stage2 \
         --layers 8 --minutes 25 --lr 3e-4 --mtp-weight 1.0
+    .venv/bin/python models/train_tiny_hybrid.py --out /tmp/stage4 --corpus tree --init /tmp/stage3 \
+        --layers 8 --minutes 30 --lr 5e-4 --distill-head
+    .venv/bin/python models/train_tiny_hybrid.py --out models/tiny-hybrid --corpus tree --init /tmp/stage4 \
+        --layers 8 --minutes 25 --lr 5e-4 --distill-head --greedy-texts 800
 
 Deterministic for a given seed, thread count and torch build.
 """
@@ -31,6 +40,7 @@ Deterministic for a given seed, thread count and torch build.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import glob
 import json
@@ -106,11 +116,32 @@ def batches(ids: np.ndarray, batch: int, seq: int, rng):
         yield torch.from_numpy(np.stack([ids[s:s + seq] for s in starts]).astype(np.int64))
 
 
-def losses(model, head, x, trunk_out):
+def greedy_texts(model_dir, ids: np.ndarray, count: int, prompt: int, gen: int, rng) -> np.ndarray:
+    """(count, prompt + gen): windows of the training tokens continued by the
+    trunk's own greedy decoding (vkspec's CPU path): the text a greedy verify
+    checks drafts against."""
+    from vkspec.generate import generate
+    from vkspec.model import load_model
+    m = load_model(model_dir, mtp=False)
+    out = []
+    for s in rng.integers(0, len(ids) - prompt, count):
+        p = [int(t) for t in ids[s:s + prompt]]
+        out.append(p + generate(m, p, gen).tokens[:gen])
+    return np.array(out, np.int32)
+
+
+def losses(model, head, x, distill=False):
+    """(trunk CE, head loss, head top-1 on the data, head agreement with the
+    trunk's own greedy pick). The head's row j reads h_j and token j+1 and
+    predicts token j+2, which the trunk predicts at position j+1. With
+    ``distill`` the trunk is frozen and the head learns the trunk's own
+    distribution there (soft cross-entropy): a greedy verify accepts a draft
+    when it equals the trunk's pick, not the corpus's next token."""
     captured = {}
     hook = model.model.layers[-1].register_forward_hook(
         lambda m, i, o: captured.__setitem__("h", o[0] if isinstance(o, tuple) else o))
-    out = model(input_ids=x)
+    with torch.no_grad() if distill else contextlib.nullcontext():
+        out = model(input_ids=x)
     hook.remove()
     logits, h = out.logits, captured["h"]
     ce = nn.functional.cross_entropy
@@ -119,9 +150,14 @@ def losses(model, head, x, trunk_out):
     pos = torch.arange(1, t - 1)[None].expand(x.shape[0], -1)
     hm = head(h[:, :t - 2], model.model.embed_tokens(x[:, 1:t - 1]), pos)
     mlog = model.lm_head(hm)
-    mtp = ce(mlog.reshape(-1, mlog.shape[-1]), x[:, 2:].reshape(-1))
+    teacher = logits[:, 1:t - 1].detach()
+    if distill:
+        mtp = -(teacher.softmax(-1) * mlog.log_softmax(-1)).sum(-1).mean()
+    else:
+        mtp = ce(mlog.reshape(-1, mlog.shape[-1]), x[:, 2:].reshape(-1))
     acc = (mlog.argmax(-1) == x[:, 2:]).float().mean()
-    return main, mtp, acc
+    agree = (mlog.argmax(-1) == teacher.argmax(-1)).float().mean()
+    return main, mtp, acc, agree
 
 
 def main():
@@ -142,7 +178,15 @@ def main():
     ap.add_argument("--layers", type=int, default=4,
                     help="trunk layers, a multiple of 4 (3 DeltaNet + 1 attention each); with --init "
                          "from fewer, the new layers are appended with zero output projections")
+    ap.add_argument("--distill-head", action="store_true",
+                    help="with --init: freeze the trunk (its weights are saved unchanged) and train only "
+                         "the MTP head, on the trunk's own next-token distribution")
+    ap.add_argument("--greedy-texts", type=int, default=0,
+                    help="with --distill-head: half of each batch from this many training windows (32 "
+                         "tokens) continued by the trunk's greedy decoding (96 tokens)")
     a = ap.parse_args()
+    if a.distill_head and not a.init:
+        ap.error("--distill-head needs --init")
     torch.manual_seed(a.seed)
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(a.seed)
@@ -192,8 +236,19 @@ def main():
         head.load_state_dict({k[4:]: v for k, v in sd.items() if k.startswith("mtp.")}, strict=False)
     params = list(model.parameters()) + list(head.parameters())
     n_params = sum(p.numel() for p in params)
+    if a.distill_head:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        params = list(head.parameters())
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.05)
     data = batches(tr, a.batch, a.seq, rng)
+    if a.greedy_texts:
+        t_gen = time.time()
+        greedy = greedy_texts(a.init, tr, a.greedy_texts, 32, a.seq - 32, rng)
+        print(f"{len(greedy)} greedy texts in {time.time() - t_gen:.0f} s", flush=True)
+        real = batches(tr, a.batch - a.batch // 2, a.seq, rng)
+        data = (torch.cat([torch.from_numpy(greedy[rng.integers(0, len(greedy), a.batch // 2)]).long(), next(real)])
+                for _ in iter(int, 1))
     t0, step, log, skipped = time.time(), 0, [], 0
     budget = a.minutes * 60
     est_steps = None
@@ -202,8 +257,8 @@ def main():
         lr = a.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
-        main_l, mtp_l, acc = losses(model, head, next(data), None)
-        loss = main_l + a.mtp_weight * mtp_l
+        main_l, mtp_l, acc, agree = losses(model, head, next(data), a.distill_head)
+        loss = mtp_l if a.distill_head else main_l + a.mtp_weight * mtp_l
         opt.zero_grad()
         if torch.isfinite(loss):
             loss.backward()
@@ -217,18 +272,19 @@ def main():
             skipped += 1
         step += 1
         if step % 20 == 0 or step <= 3:
-            log.append((step, time.time() - t0, main_l.item(), mtp_l.item(), acc.item()))
+            log.append((step, time.time() - t0, main_l.item(), mtp_l.item(), acc.item(), agree.item()))
             print(f"step {step} {time.time() - t0:.0f}s loss {main_l.item():.3f} mtp {mtp_l.item():.3f} "
-                  f"mtp acc {acc.item():.3f} lr {lr:.2e} skipped {skipped}", flush=True)
+                  f"mtp acc {acc.item():.3f} agree {agree.item():.3f} lr {lr:.2e} skipped {skipped}", flush=True)
     train_s = time.time() - t0
     model.eval()
     head.eval()
     with torch.no_grad():
         hrng = np.random.default_rng(1)
-        ev = [losses(model, head, next(batches(ho, 16, a.seq, hrng)), None) for _ in range(8)]
+        ev = [losses(model, head, next(batches(ho, 16, a.seq, hrng))) for _ in range(8)]
     held_main = float(np.mean([e[0].item() for e in ev]))
     held_mtp = float(np.mean([e[1].item() for e in ev]))
     held_acc = float(np.mean([e[2].item() for e in ev]))
+    held_agree = float(np.mean([e[3].item() for e in ev]))
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     sd.update({f"mtp.{k}": v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()
                if not k.startswith("rotary")})
@@ -246,6 +302,7 @@ def main():
                  {k: prev[k] for k in ("steps", "train_seconds", "tokens_seen", "heldout_loss")}, train_seconds=round(train_s), tokens_seen=step * a.batch * a.seq,
                  train_tokens=int(tr.size), heldout_tokens=int(ho.size), final_train_loss=log[-1][2] if log else None,
                  heldout_loss=held_main, heldout_mtp_loss=held_mtp, heldout_mtp_top1=held_acc,
+                 heldout_mtp_agree=held_agree, distill_head=a.distill_head, greedy_texts=a.greedy_texts,
                  torch=torch.__version__, threads=a.threads, lr=a.lr, mtp_weight=a.mtp_weight, layers=a.layers, seed=a.seed, corpus=a.corpus, log=log)
     (out / "training.json").write_text(json.dumps(stats, indent=1) + "\n")
     print(json.dumps({k: v for k, v in stats.items() if k != "log"}))
