@@ -501,8 +501,11 @@ class VulkanModel:
         buckets = [self._bucket(1)]
         while buckets[-1] < min(length, self.ctx):
             buckets.append(self._bucket(buckets[-1] + 1))
-        step, V = self.listed_step, self.cfg.vocab_size
-        widths = [0] + sorted({min(V, (-(-listed // step) + i) * step) for i in (0, 1)} if listed else ())
+        widths = [0]                             # 0: the whole vocabulary
+        if listed:
+            step, V = self.listed_step, self.cfg.vocab_size
+            first = -(-listed // step) * step
+            widths += sorted({min(V, first), min(V, first + step)})
         for bucket in buckets:
             for n in range(1, MAX_ROWS + 1):
                 self._sequence("main", n, bucket, False)
@@ -611,9 +614,10 @@ class VulkanModel:
     def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions, logits_rows: str = "all", ids=None):
         """The MTP head on the device; see Model.mtp_forward. With
         logits_rows="last" the rows before the last only write their KV row
-        (one recorded pass) and the last alone goes on to the lm_head. With ``ids`` the lm_head reads only those
-        rows, through a device list padded to a multiple of listed_step (one
-        recorded sequence per padded length)."""
+        (one recorded pass) and the last alone goes on to the lm_head. With
+        ``ids`` the lm_head reads only those rows, through a device list
+        padded to a multiple of listed_step (one recorded sequence per padded
+        length)."""
         self._check(st)
         if self.w.mtp is None:
             raise VkspecError("the model was loaded without its MTP head")

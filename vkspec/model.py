@@ -253,6 +253,7 @@ class Model:
         self.cfg, self.w = cfg, weights
         self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
         self.cos, self.sin = rope_tables(cfg, self.ctx)
+        self._listed = (None, None)          # (draft vocabulary ids, their lm_head rows)
 
     # state
     def new_state(self) -> State:
@@ -446,7 +447,7 @@ class Model:
     def _listed_head(self, ids):
         """The lm_head's rows of a draft vocabulary, kept while the list (an
         array DraftVocab replaces, never edits) stays the same object."""
-        if getattr(self, "_listed", (None,))[0] is not ids:
+        if self._listed[0] is not ids:
             self._listed = (ids, take_rows(self.w.lm_head, ids))
         return self._listed[1]
 
