@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.sources import build
-from vkspec.spec.vocab import HALVE_EVERY, write_counts
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.sources import build
+from vkspec.speculative.vocab import HALVE_EVERY, write_counts
 from vkspec.tokenizer import load_tokenizer
 
 

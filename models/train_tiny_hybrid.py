@@ -120,8 +120,8 @@ def greedy_texts(model_dir, ids: np.ndarray, count: int, prompt: int, gen: int, 
     """(count, prompt + gen): windows of the training tokens continued by the
     trunk's own greedy decoding (vkspec's CPU path): the text a greedy verify
     checks drafts against."""
-    from vkspec.generate import generate
-    from vkspec.model import load_model
+    from vkspec.speculative import generate
+    from vkspec.loader import load_model
     m = load_model(model_dir, mtp=False)
     out = []
     for s in rng.integers(0, len(ids) - prompt, count):

@@ -9,17 +9,17 @@ from vkspec.selftest import same_bits  # noqa: F401  (re-exported for tests)
 
 @pytest.fixture(scope="session")
 def cpu():
-    from vkspec.backends import get_backend
-    return get_backend("cpu")
+    from vkspec.backends import get_ops
+    return get_ops("cpu")
 
 
 @pytest.fixture(scope="session")
 def vk():
     """The Vulkan backend. Under `make test` (VKSPEC_REQUIRE_DEVICE=1) a missing
     device fails the run; only a bare `pytest` outside CI may skip."""
-    from vkspec.backends import get_backend
+    from vkspec.backends import get_ops
     try:
-        return get_backend("vulkan")
+        return get_ops("vulkan")
     except Exception as e:
         if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
             pytest.fail(f"no usable Vulkan device: {e}", pytrace=False)

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import bits_equal
 from vkspec.errors import VkspecError
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.tiny import make_tiny
 
 # "bf16": a model whose every weight is a bfloat16 value, loaded at f32: the
@@ -194,7 +194,7 @@ def test_rollback_equals_feeding_only_the_kept_rows(pairs, fmt):
 
 
 def test_watermark_host_and_device_agree(pairs):
-    from vkspec.chain import STEP_KV_LEN
+    from vkspec.backends.vulkan.model import STEP_KV_LEN
     _, vk = pairs("f32")
     sv = vk.new_state()
     for blk in ([9], [1, 2, 3, 4, 5], [6, 7, 8]):
@@ -231,7 +231,7 @@ def test_copy_slot_allocation_failure_leaves_state_and_allows_retry(vk, tiny_dir
 
 
 def test_budget_and_buffer_limit_fail_before_building(vk, tiny_dir, monkeypatch):
-    from vkspec.device import Device
+    from vkspec.backends.vulkan.device import Device
 
     def no_tensors(*a, **k):
         raise AssertionError("a device tensor was made before the plan was checked")

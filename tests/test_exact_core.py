@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from vkspec import exact, quant
-from vkspec.backends import cpu as cpu_ops, cpu_jit, cpu_jit_math
+from vkspec import exact
+from vkspec.formats import quant
+from vkspec.backends.cpu import jit as cpu_jit, jit_math as cpu_jit_math, ops as cpu_ops
 from vkspec.selftest import inputs, same_bits
 
 from conftest import bits_equal
@@ -315,14 +316,14 @@ def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeyp
 def test_cached_kernels_are_dropped_when_the_dot_ir_changes(tmp_path):
     """numba keys a cached function on its own file only, so cpu_jit_dot
     stamps the IR its callers were compiled against."""
-    from vkspec.backends import cpu_jit_dot
-    cached = [tmp_path / "cpu_jit._gemv-60.py311.nbi", tmp_path / "cpu_jit_math._expert_mlps-278.py311.1.nbc"]
+    from vkspec.backends.cpu import jit_dot as cpu_jit_dot
+    cached = [tmp_path / "jit._gemv-60.py311.nbi", tmp_path / "jit_math._expert_mlps-278.py311.1.nbc"]
     other = tmp_path / "model.cpython-311.pyc"
-    for f in cached + [other, tmp_path / "cpu_jit_dot.0123456789abcdef.ir"]:
+    for f in cached + [other, tmp_path / "jit_dot.0123456789abcdef.ir"]:
         f.touch()
     cpu_jit_dot.clear_stale_cache(tmp_path)                 # an old stamp: the callers' code goes
     assert not any(f.exists() for f in cached) and other.exists()
-    assert [f.name for f in tmp_path.glob("*.ir")] == [f"cpu_jit_dot.{cpu_jit_dot.ir_digest()}.ir"]
+    assert [f.name for f in tmp_path.glob("*.ir")] == [f"jit_dot.{cpu_jit_dot.ir_digest()}.ir"]
     for f in cached:
         f.touch()
     cpu_jit_dot.clear_stale_cache(tmp_path)                 # the same IR: nothing goes

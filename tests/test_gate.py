@@ -7,10 +7,10 @@ import pytest
 
 from vkspec.errors import VkspecError
 from vkspec.sampling import Sampler
-from vkspec.spec.config import SpecConfig
-from vkspec.spec.decode import choose, generate_spec
-from vkspec.spec.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
-from vkspec.spec.lookup import PromptLookup, Proposal
+from vkspec.speculative.config import SpecConfig
+from vkspec.speculative.decode import choose, generate_spec
+from vkspec.speculative.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
+from vkspec.speculative.lookup import PromptLookup, Proposal
 
 
 def plain_steps(g, seconds):

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import bits_equal, require
 from vkspec.errors import VkspecError
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.tokenizer import load_tokenizer
 
 TEXTS = ["def fibonacci(n):\n    a, b = 0, 1", "Hello, world! 12345 <|im_start|>user\nhi<|im_end|>",

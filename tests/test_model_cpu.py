@@ -5,9 +5,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from vkspec.backends import cpu_jit
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.backends.cpu import jit as cpu_jit
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
 from vkspec.tiny import make_tiny
 

@@ -14,8 +14,8 @@ require("transformers")
 
 from oracle_models import SHAPES, build  # noqa: E402
 
-from vkspec.generate import generate  # noqa: E402
-from vkspec.model import load_model  # noqa: E402
+from vkspec.speculative import generate  # noqa: E402
+from vkspec.loader import load_model  # noqa: E402
 
 LOGIT_TOL = 1e-4
 PROMPT = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2, 38, 46, 26]

@@ -5,13 +5,13 @@ drafts and accepted drafts against a simulator of the loop."""
 import numpy as np
 import pytest
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.decode import Cancelled
-from vkspec.spec.forced import wrong_rows
-from vkspec.spec.sources import build
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.decode import Cancelled
+from vkspec.speculative.forced import wrong_rows
+from vkspec.speculative.sources import build
 from vkspec.tiny import make_tiny
 
 N = 24

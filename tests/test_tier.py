@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from vkspec.chain import VulkanModel
+from vkspec.backends.vulkan.model import VulkanModel
 from vkspec.errors import VkspecError
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.plan import plan
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.sources import build
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.sources import build
 from vkspec.tier.history import History
 from vkspec.tier.policy import Placement, split_slots
 from vkspec.tier.resident import TierConfig

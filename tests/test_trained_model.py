@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.sources import build
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.sources import build
 from vkspec.tokenizer import load_tokenizer
 
 MODEL = Path(__file__).resolve().parent.parent / "models" / "tiny-hybrid"

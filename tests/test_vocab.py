@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.sources import build
-from vkspec.spec.vocab import FILE_NAME, HALVE_EVERY, DraftVocab, read_counts, write_counts
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.sources import build
+from vkspec.speculative.vocab import FILE_NAME, HALVE_EVERY, DraftVocab, read_counts, write_counts
 from vkspec.tiny import make_tiny
 
 

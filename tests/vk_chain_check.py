@@ -14,8 +14,9 @@ import sys
 
 import numpy as np
 
-from vkspec import exact, quant
-from vkspec.device import get_device, load_shader
+from vkspec import exact
+from vkspec.formats import quant
+from vkspec.backends.vulkan.device import get_device, load_shader
 from vkspec.selftest import same_bits
 
 
@@ -61,7 +62,7 @@ def hazard():
 
 def generate():
     import tempfile
-    from vkspec.model import load_model
+    from vkspec.loader import load_model
     from vkspec.tiny import make_tiny
     d = make_tiny(tempfile.mkdtemp(), seed=2, mtp=True)
     cpu, vk = load_model(d, fmt="int4-g64"), load_model(d, fmt="int4-g64", backend="vulkan")

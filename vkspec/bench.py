@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .generate import generate
+from .speculative import generate
 
 
 def verify_cost(model, prompt_len: int = 140, reps: int = 9, max_rows: int = 8) -> dict:
@@ -46,7 +46,7 @@ def verify_cost(model, prompt_len: int = 140, reps: int = 9, max_rows: int = 8) 
 
 def host_share(model, steps: int = 32) -> float:
     """A decode step is the forward of one row and the pick of the next token."""
-    if getattr(model, "backend", "cpu") == "cpu":
+    if model.backend == "cpu":
         return 1.0
     from .sampling import Sampler
     sampler = Sampler()
@@ -73,5 +73,5 @@ def run(model, reps: int = 9) -> dict:
     out = verify_cost(model, reps=reps)
     out["host_share"] = host_share(model)
     out["decode_tok_s"] = decode_tok_s(model)
-    out["backend"] = getattr(model, "backend", "cpu")
+    out["backend"] = model.backend
     return out

@@ -69,10 +69,10 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
     "x plain" is the median of the rounds' own ratios."""
     from tqdm import tqdm
 
-    from .model import load_model
+    from .loader import load_model
     from .sampling import Sampler
-    from .spec import SpecConfig, generate_spec
-    from .spec.sources import build, listed_size
+    from .speculative import SpecConfig, generate_spec
+    from .speculative.sources import build, listed_size
     from .tokenizer import load_tokenizer
     tok = load_tokenizer(model_dir)
     rows = []
@@ -80,14 +80,13 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
                disable=not progress)
     for backend in backends:
         model = load_model(model_dir, fmt=dtype, backend=backend)
-        if hasattr(model, "warm"):                # every shape the runs will meet, recorded now
-            model.warm(max(len(encode_prompt(model_dir, PROMPTS[p])) for p in prompts) + n + 8,
-                       copies=SpecConfig().spec_mtp_recurrent_snapshots,
-                       listed=listed_size(model, SpecConfig(spec_mode="mtp")))
-        has_mtp = getattr(model.w, "mtp", None) is not None
+        # every shape the runs will meet, recorded now
+        model.warm(max(len(encode_prompt(model_dir, PROMPTS[p])) for p in prompts) + n + 8,
+                   copies=SpecConfig().spec_mtp_recurrent_snapshots,
+                   listed=listed_size(model, SpecConfig(spec_mode="mtp")))
         for pname in prompts:
             ids = encode_prompt(model_dir, PROMPTS[pname])
-            runs = {m: [] for m in modes if m != "mtp" or has_mtp}
+            runs = {m: [] for m in modes if m != "mtp" or model.has_mtp}
             for rnd in range(rounds):
                 for mode in (list(runs) if rnd % 2 == 0 else list(runs)[::-1]):
                     bar.set_postfix_str(f"{backend} {pname} {mode}")

@@ -14,10 +14,11 @@ Figures (bytes):
 
 from __future__ import annotations
 
-from .chain import VulkanModel
+from .backends.vulkan.model import VulkanModel
 from .config import load_config
 from .checkpoint import Checkpoint
-from .model import Loader, MoeW, has_mtp
+from .loader import Loader, has_mtp
+from .weights import MoeW
 
 MiB = float(1 << 20)
 
@@ -79,7 +80,7 @@ def p_ctx(cfg, ctx):
 
 def qweights(obj, seen=None):
     """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
-    from .quant import QWeight
+    from .formats.quant import QWeight
     seen = seen if seen is not None else set()
     if id(obj) in seen:
         return []

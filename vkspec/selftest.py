@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 
-from . import exact, quant
+from . import exact
+from .formats import quant
 
 EDGE = np.array([0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 1e-40, 1.17549435e-38, 3.4e38, -3.4e38,
                  np.inf, -np.inf, np.nan, 88.72, 88.73, -87.3, -103.0, -104.5, 20.0, 20.5,
@@ -49,8 +50,8 @@ def checks(cpu, vk, seed: int = 0):
 
 
 def main(seed: int = 0) -> int:
-    from .backends import get_backend
-    cpu, vk = get_backend("cpu"), get_backend("vulkan")
+    from .backends import get_ops
+    cpu, vk = get_ops("cpu"), get_ops("vulkan")
     print(f"device: {vk.dev.name} (denormals: {vk.dev.denormals})")
     bad = 0
     for name, ok in checks(cpu, vk, seed):

@@ -9,7 +9,7 @@ import tempfile
 from bench_decode import CONFIGS, backends_arg
 
 from vkspec import bench
-from vkspec.model import load_model
+from vkspec.loader import load_model
 from vkspec.tiny import make_tiny
 
 

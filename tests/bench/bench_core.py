@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from vkspec import quant
-from vkspec.backends.cpu import CpuOps
-from vkspec.device import get_device, load_shader
+from vkspec.formats import quant
+from vkspec.backends.cpu.ops import CpuOps
+from vkspec.backends.vulkan.device import get_device, load_shader
 
 
 def median_time(fn, reps):

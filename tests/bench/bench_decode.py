@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.plan import qweights as _qweights
 from vkspec.tiny import make_tiny
 

@@ -9,11 +9,11 @@ import tempfile
 
 from bench_decode import CONFIGS, backends_arg
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.sampling import Sampler
-from vkspec.spec import SpecConfig, generate_spec
-from vkspec.spec.sources import build
+from vkspec.speculative import SpecConfig, generate_spec
+from vkspec.speculative.sources import build
 from vkspec.tiny import make_tiny
 
 PROMPT = [40, 41, 42, 43, 44, 45, 46, 47] * 4 + [3, 17]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from bench_decode import CONFIGS
 
-from vkspec.generate import generate
-from vkspec.model import load_model
+from vkspec.speculative import generate
+from vkspec.loader import load_model
 from vkspec.tier.resident import TierConfig
 from vkspec.tiny import make_tiny
 

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..sampling import Sampler
-from ..spec.decode import Cancelled, generate_spec
+from ..speculative.decode import Cancelled, generate_spec
 
 
 @dataclass

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import cpu
-from ..devmem import DevWeight
+from ..backends.cpu import ops as cpu
+from ..backends.vulkan.memory import DevWeight
 from ..errors import VkspecError
 from .history import History
 from .policy import Placement, split_slots
@@ -159,7 +159,7 @@ class ExpertTier:
     def _upload_batch(self, moves):
         if not moves:
             return
-        from ..device import load_shader
+        from ..backends.vulkan.device import load_shader
         t0 = time.perf_counter()
         dev, kp = self.chain.dev, self.chain.kp
         pieces = [(dst, words, slot * per) for o, slot, e in moves

@@ -132,12 +132,12 @@ def ir_digest() -> str:
 def clear_stale_cache(cache: Path = Path(__file__).parent / "__pycache__"):
     """Drop cpu_jit's and cpu_jit_math's cached code unless it was compiled
     against this IR (a stamp file names the IR's digest)."""
-    stamp = cache / f"cpu_jit_dot.{ir_digest()}.ir"
+    stamp = cache / f"jit_dot.{ir_digest()}.ir"
     try:
         if cache.is_dir() and not stamp.exists():
-            for f in list(cache.glob("cpu_jit.*.nb[ic]")) + list(cache.glob("cpu_jit_math.*.nb[ic]")):
+            for f in list(cache.glob("jit.*.nb[ic]")) + list(cache.glob("jit_math.*.nb[ic]")):
                 f.unlink()
-            for f in cache.glob("cpu_jit_dot.*.ir"):
+            for f in cache.glob("jit_dot.*.ir"):
                 f.unlink()
             stamp.touch()
     except OSError:

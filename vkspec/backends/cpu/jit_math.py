@@ -24,9 +24,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import cpu_jit
-from .cpu_jit_dot import dot
-from .. import exact
+from ... import exact
+from . import jit
+from .jit_dot import dot
 
 F, U = np.float32, np.uint32
 _LO, _HI, _LOG2E = exact._EXP_LO, exact._EXP_HI, exact._LOG2E
@@ -270,7 +270,7 @@ def _softmax_rows(x, lens, out):
             acc[j % 128] = acc[j % 128] + e
         for j in range(n, x.shape[1]):
             out[r, j] = _ZERO
-        q = recip1(cpu_jit._finish(acc, s, max(1, min(32, (n + 3) // 4))))
+        q = recip1(jit._finish(acc, s, max(1, min(32, (n + 3) // 4))))
         for j in range(x.shape[1]):
             out[r, j] = out[r, j] * q
 
@@ -315,14 +315,14 @@ def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
             for t in range(dk):
                 for d in range(dv):
                     sh[t, d] = sh[t, d] * g
-            cpu_jit._columns(k[i, h], sh, acc, s, mem)
+            jit._columns(k[i, h], sh, acc, s, mem)
             for d in range(dv):
                 delta[d] = (v[i, h, d] - mem[d]) * beta[i, h]
             for t in range(dk):
                 kt = k[i, h, t]
                 for d in range(dv):
                     sh[t, d] = sh[t, d] + kt * delta[d]
-            cpu_jit._columns(q[i, h], sh, acc, s, out[i, h])
+            jit._columns(q[i, h], sh, acc, s, out[i, h])
         if i < snaps.shape[0]:
             snaps[i] = S
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 
-from ..generate import Result
+from ..sampling import Sampler
 from .counters import Counters
+from .result import Result
 
 
 class Cancelled(Exception):
@@ -75,10 +76,10 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         drafts = prop.tokens if prop else []
         rows = [pick] + drafts
         slots = min(len(drafts), snapshots)
-        t, recorded = time.perf_counter(), getattr(model, "recordings", 0)
+        t, recorded = time.perf_counter(), model.recordings
         state["fed"] = True
         hidden, logits = model.forward(rows, st, copies=slots)
-        if gate and getattr(model, "recordings", 0) == recorded:     # recording a shape is no T(n)
+        if gate and model.recordings == recorded:     # recording a shape is no T(n)
             gate.record_forward(len(rows), time.perf_counter() - t)
         counters.forward(len(drafts), prop.source if prop else None)
         i = 0
@@ -175,3 +176,10 @@ def choose(proposals, gate):
         if best is None or v > best_v or (v == best_v and len(prop.tokens) > len(best.tokens)):
             best, best_v = prop, v
     return best
+
+
+def generate(model, prompt: list[int], n: int, sampler: Sampler | None = None,
+             stop: set[int] | None = None, block: int | None = None) -> Result:
+    """Plain decoding: n tokens after the prompt (fewer if a stop token comes),
+    one forward per token. It is the speculative loop with no draft source."""
+    return generate_spec(model, list(prompt), n, sampler or Sampler(), stop=stop, block=block)

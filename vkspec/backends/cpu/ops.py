@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import exact
-from . import cpu_jit, cpu_jit_math
-from ..quant import QWeight, dequantize
+from ... import exact
+from ...formats.quant import QWeight, dequantize
+from . import jit, jit_math
 
 f32 = np.float32
 
 
 def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
-    """x (..., cols) -> (..., rows); every row as if alone (cpu_jit's
+    """x (..., cols) -> (..., rows); every row as if alone (jit's
     compiled kernel, or exact.gemv itself under VKSPEC_CPU_JIT=0: same bits)."""
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     out = np.empty((x2.shape[0], w.rows), dtype=f32)
-    kernel = cpu_jit.gemv if cpu_jit.enabled() else exact.gemv
+    kernel = jit.gemv if jit.enabled() else exact.gemv
     if w.fmt == "f32":
         rows_per_chunk = w.rows
     for r0 in range(0, w.rows, rows_per_chunk):
@@ -29,8 +29,8 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
 
 
 def _m():
-    """exact itself, or its compiled twin (the same bits; see cpu_jit_math)."""
-    return cpu_jit_math if cpu_jit.enabled() else exact
+    """exact itself, or its compiled twin (the same bits; see jit_math)."""
+    return jit_math if jit.enabled() else exact
 
 
 def embed(table, tokens) -> np.ndarray:
@@ -46,8 +46,8 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     """(n, k, H): row i's k routed experts, down(silu(gate h_i) * up h_i) each,
     every (row, expert) pair as if it ran alone. The definition runs an expert
     over all its rows at once; the compiled path runs every pair in one call."""
-    if cpu_jit.enabled() and w.stacked is not None:
-        return cpu_jit_math.expert_mlps(*w.stacked, h, idx)
+    if jit.enabled() and w.stacked is not None:
+        return jit_math.expert_mlps(*w.stacked, h, idx)
     out = np.empty(idx.shape + (h.shape[-1],), f32)
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)
@@ -73,15 +73,15 @@ def rmsnorm(x, w, eps: float) -> np.ndarray:
 
 def rmsnorm_gated(x, w, z, eps: float) -> np.ndarray:
     """((x * rsqrt(mean(x*x) + eps)) * w) * silu(z): linear_attn.norm (plain w)."""
-    if cpu_jit.enabled():
-        return cpu_jit_math.rmsnorm(x, w, eps, z)
+    if jit.enabled():
+        return jit_math.rmsnorm(x, w, eps, z)
     return exact.rmsnorm(x, w, eps) * exact.silu(z)
 
 
 def l2norm(x, eps: float = 1e-6) -> np.ndarray:
     x = np.asarray(x, f32)
-    if cpu_jit.enabled():
-        return cpu_jit_math.l2norm(x, eps)
+    if jit.enabled():
+        return jit_math.l2norm(x, eps)
     return x * exact.rsqrt(exact.dot(x, x) + f32(eps))[..., None]
 
 
@@ -101,8 +101,8 @@ def vecmats(x, v, lens=None) -> np.ndarray:
     """(B, n, L), (B, L, D) -> (B, n, D): row r is dot(x[b, r, :lens[r]],
     v[b, :lens[r], d]) for every column d, in dot's order (lens: all of L)."""
     lens = np.full(x.shape[1], x.shape[2]) if lens is None else np.asarray(lens)
-    if cpu_jit.enabled():
-        return cpu_jit.weighted_rows(x, v, lens)
+    if jit.enabled():
+        return jit.weighted_rows(x, v, lens)
     out = np.empty((x.shape[0], x.shape[1], v.shape[2]), f32)
     for r, n in enumerate(lens):
         out[:, r] = exact.dot(x[:, r, None, :n], v[:, :n].transpose(0, 2, 1))
@@ -112,7 +112,7 @@ def vecmats(x, v, lens=None) -> np.ndarray:
 def attend(q, kc, vc, lens, scale) -> np.ndarray:
     """Causal attention of a block: row i's q (nh, hd) over keys/values
     [0, lens[i]) of kc, vc (L, nkv, hd), each row exactly as if it ran alone."""
-    if not cpu_jit.enabled():
+    if not jit.enabled():
         return np.stack([attend_row(q[i], kc[:lens[i]], vc[:lens[i]], scale) for i in range(len(q))])
     # The compiled path: the query heads of one KV head are rows of one gemv,
     # so the cache is read once per block. A row's scores past its length are
@@ -123,9 +123,9 @@ def attend(q, kc, vc, lens, scale) -> np.ndarray:
     nkv, L = kc.shape[1], int(max(lens))
     rep = nh // nkv
     qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
-    s = cpu_jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
+    s = jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
     lens_q = np.repeat(np.asarray(lens), rep)
-    p = cpu_jit_math.softmax(s, lens_q)
+    p = jit_math.softmax(s, lens_q)
     o = vecmats(p, vc[:L].transpose(1, 0, 2), lens_q)                     # (nkv, n*rep, hd)
     return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
 
@@ -180,8 +180,8 @@ def deltanet_scan(S, q, k, v, beta, decay, keep: int = 0):
     """deltanet_step for rows 0..n-1 in turn (q, k (n, nv, dk), v (n, nv, dv),
     beta, decay (n, nv)); returns (out (n, nv, dv), S after each of the first
     `keep` rows (keep, nv, dk, dv)). S is updated in place."""
-    if cpu_jit.enabled():
-        return cpu_jit_math.deltanet_scan(S, q, k, v, beta, decay, keep)
+    if jit.enabled():
+        return jit_math.deltanet_scan(S, q, k, v, beta, decay, keep)
     out = np.empty(v.shape, f32)
     snaps = np.empty((keep,) + S.shape, f32)
     for i in range(len(q)):

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import exact
-from ..device import get_device, load_shader
-from ..quant import QWeight
+from ...formats.quant import QWeight
+from .device import get_device, load_shader
 
 
 def _padded_rows(x: np.ndarray, cols_p: int) -> np.ndarray:

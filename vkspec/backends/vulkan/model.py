@@ -27,13 +27,15 @@ import time
 
 import numpy as np
 
-from . import exact
-from .config import ModelConfig
-from .devmem import DevWeight, Plan, Uploader, budget_bytes, qcat
+from ... import exact
+from ...config import ModelConfig
+from ...errors import VkspecError
+from ...formats.quant import as_bf16
+from ...interface import HostState as State
+from ...rope import rope_tables
+from ...weights import MlpW, MoeW, Weights
 from .device import get_device, load_shader
-from .errors import VkspecError
-from .model import MlpW, MoeW, State, Weights, rope_tables
-from .quant import as_bf16
+from .memory import DevWeight, Plan, Uploader, budget_bytes, qcat
 
 MAX_ROWS = 8
 LISTED_STEP = 256          # a draft vocabulary's device list grows in steps of this many ids
@@ -86,7 +88,7 @@ class VulkanModel:
 
     def _setup(self, cfg, w, ctx, tier):
         """What the chain will hold, decided without touching the device."""
-        from .tier.resident import ExpertTier
+        from ...tier.resident import ExpertTier
         self.cfg, self.w = cfg, w
         self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
         self.fused = self._fused()
@@ -100,6 +102,10 @@ class VulkanModel:
         self = cls.__new__(cls)
         self._setup(cfg, w, ctx, tier)
         return self.memory_plan(slots)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.w.mtp is not None
 
     # --- memory ---------------------------------------------------------------
     def _fused(self):

@@ -17,11 +17,15 @@ Terms (used across this package):
 * **replay**: with fewer copy slots than drafts (S < K), a rejection past the
   slots re-runs the standing rows from the state before the verify.
 
-Files: ``decode.py`` is the transaction and the loop; ``lookup.py`` and
-``mtp.py`` are the draft sources; ``gate.py`` decides how many drafts pay;
-``vocab.py`` keeps the MTP head's draft vocabulary; ``forced.py`` holds the
-forced draft modes the tests use; ``config.py`` the settings.
+Files: ``decode.py`` is the transaction and the loop (plain decoding is the
+same loop with no draft source); ``source.py`` is what a draft source offers;
+``lookup.py`` and ``mtp.py`` are the draft sources; ``gate.py`` decides how
+many drafts pay; ``vocab.py`` keeps the MTP head's draft vocabulary;
+``forced.py`` holds the forced draft modes the tests use; ``config.py`` the
+settings; ``sources.py`` builds the sources a mode means; ``result.py`` what a
+run returns.
 """
 
 from .config import SpecConfig  # noqa: F401
-from .decode import generate_spec  # noqa: F401
+from .decode import generate, generate_spec  # noqa: F401
+from .result import Result  # noqa: F401

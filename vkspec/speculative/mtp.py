@@ -24,7 +24,7 @@ class MtpDrafts:
     name = "mtp"
 
     def __init__(self, model, vocab: DraftVocab | None = None):
-        if getattr(model.w, "mtp", None) is None:
+        if not model.has_mtp:
             from ..errors import VkspecError
             raise VkspecError("--spec mtp needs a checkpoint with an MTP head (mtp.fc.weight)")
         self.model = model

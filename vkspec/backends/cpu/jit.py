@@ -22,9 +22,9 @@ import numpy as np
 
 from numba import njit, prange
 
-from .. import exact
-from . import cpu_jit_dot
-from .cpu_jit_dot import dot, dot2, dot3
+from ... import exact
+from . import jit_dot
+from .jit_dot import dot, dot2, dot3
 
 BLOCK = 32                  # weight rows per parallel work item
 
@@ -154,4 +154,4 @@ def machine_code() -> str:
     rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
           np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
     return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values())
-                     + [cpu_jit_dot.machine_code()])
+                     + [jit_dot.machine_code()])

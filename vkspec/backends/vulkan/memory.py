@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import VkspecError
-from .quant import QWeight
+from ...errors import VkspecError
+from ...formats.quant import QWeight
 
 
 def max_buffer_bytes() -> int:

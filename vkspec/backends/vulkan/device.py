@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHADER_DIR = Path(__file__).resolve().parent / "shaders"
+SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
 _PUSH = re.compile(r"layout\s*\(\s*push_constant\s*\)\s*uniform\s+\w+\s*\{(.*?)\}", re.S)
 _FIELD = re.compile(r"^\s*(uint|int|float)\s+(\w+)\s*;", re.M)
 
@@ -70,7 +70,7 @@ def load_shader(stem: str, variant: str | None = None) -> Shader:
     src = SHADER_DIR / f"{stem}.comp"
     name = f"{stem}.{variant}.spv" if variant else f"{stem}.spv"
     if src.exists():
-        from .shaders import build
+        from ...shaders import build
         if name in build.stale(src):
             build.compile_all()
     path = SHADER_DIR / name

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import exact
+from .. import exact
 
 FORMATS = ("f32", "int8", "int4-g64")
 

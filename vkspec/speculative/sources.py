@@ -19,7 +19,7 @@ def build(model, cfg: SpecConfig, model_dir=None, forced: str | None = None,
     sources = []
     if mode in ("lookup", "auto"):
         sources.append(PromptLookup(cfg.spec_lookup_max))
-    if mode == "mtp" or (mode == "auto" and getattr(model.w, "mtp", None) is not None):
+    if mode == "mtp" or (mode == "auto" and model.has_mtp):
         path = Path(vocab_file) if vocab_file else (Path(model_dir) / FILE_NAME if model_dir else None)
         if path is not None and model_dir and not Path(model_dir).is_dir():
             path = None
@@ -36,7 +36,7 @@ def listed_size(model, cfg: SpecConfig) -> int:
     """About how many ids the MTP head will score (0: the whole vocabulary),
     for the device to record those shapes beforehand."""
     size, vocab = cfg.spec_mtp_fr_vocab_size, model.cfg.vocab_size
-    head = cfg.spec_mode in ("mtp", "auto") and getattr(model.w, "mtp", None) is not None
+    head = cfg.spec_mode in ("mtp", "auto") and model.has_mtp
     return size if head and 0 < size < vocab else 0
 
 

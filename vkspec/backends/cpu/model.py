@@ -1,0 +1,243 @@
+"""The model on the exact NumPy path: the executable definition every other
+backend is held to, byte for byte.
+
+The forward pass is built only from vkspec.backends.cpu.ops (each op the twin
+of the shader of the same name), so every row of a block of n rows gets the
+bits it would get fed alone.
+
+* q_proj yields [q, gate] per head on the gated attention (Qwen3-Next); the
+  attention output is multiplied by sigmoid(gate) before o_proj.
+* the conv input is cat(q, k, v); g = -exp(A_log) * softplus(a + dt_bias),
+  beta = sigmoid(b); q and k are L2-normalised (eps 1e-6), q scaled by dk^-0.5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...config import ModelConfig
+from ...errors import VkspecError
+from ...formats.quant import take_rows
+from ...interface import HostState
+from ...rope import rope_tables
+from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
+from . import ops
+
+f32 = np.float32
+
+
+class CpuModel:
+    """The reference: the model on the exact NumPy path (vkspec.interface.Model)."""
+    max_rows = 32
+    backend = "cpu"
+    recordings = 0                   # nothing is recorded: every shape costs the same from the start
+    listed_step = 1
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
+        self.cfg, self.w = cfg, weights
+        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
+        self.cos, self.sin = rope_tables(cfg, self.ctx)
+        self._listed = (None, None)          # (draft vocabulary ids, their lm_head rows)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.w.mtp is not None
+
+    def warm(self, length: int = 0, copies: int = 0, listed: int = 0) -> None:
+        """Nothing to prepare: the compiled kernels are loaded at import."""
+
+    # state
+    def new_state(self) -> HostState:
+        c = self.cfg
+        kv_k, kv_v, conv, ssm = [], [], [], []
+        for kind in c.layer_types:
+            if kind == "full_attention":
+                kv_k.append(np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
+                kv_v.append(np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
+            else:
+                cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + \
+                    c.linear_num_value_heads * c.linear_value_head_dim
+                conv.append(np.zeros((c.linear_conv_kernel_dim - 1, cd), f32))
+                ssm.append(np.zeros((c.linear_num_value_heads, c.linear_key_head_dim,
+                                     c.linear_value_head_dim), f32))
+        st = HostState(kv_k, kv_v, conv, ssm)
+        if self.w.mtp is not None:
+            st.mtp_k = np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
+            st.mtp_v = np.zeros_like(st.mtp_k)
+        return st
+
+    def forward(self, tokens, st: HostState, logits_rows: str = "all", copies: int | bool = 0):
+        """Feed n tokens at positions kv_len..kv_len+n-1.
+
+        Returns (hidden, logits): hidden (n, H) is the last layer's output
+        before the final norm (what the MTP head reads); logits (n, V) for
+        every row, or (1, V) for the last row with logits_rows="last".
+        ``copies`` rows (True: all but the last) keep the recurrent state after
+        them for :meth:`rewind`; the state before the block is always kept.
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = tokens.shape[0]
+        if st.kv_len + n > self.ctx:
+            raise VkspecError(f"context full: {st.kv_len} + {n} tokens > {self.ctx}")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
+            raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
+        pos = st.kv_len + np.arange(n)
+        x = ops.embed(self.w.embed, tokens)
+        copies = min(n - 1, n - 1 if copies is True else int(copies))
+        kept = [([], []) for _ in range(copies)]
+        st.block = (st.kv_len, n, st.recurrent_copy(), kept)
+        ai = di = 0
+        for lw in self.w.layers:
+            if lw.kind == "full_attention":
+                x = self.layer(lw, x, pos, st.kv_k[ai], st.kv_v[ai])
+                ai += 1
+            else:
+                x = self.layer(lw, x, pos, st.conv[di], st.ssm[di], kept)
+                di += 1
+        st.kv_len += n
+        rows = x if logits_rows == "all" else x[-1:]
+        logits = ops.gemv(self.w.lm_head, ops.rmsnorm(rows, self.w.norm, self.cfg.rms_norm_eps))
+        return x, logits
+
+    def layer(self, lw: LayerW, x, pos, s1, s2, kept=None):
+        eps = self.cfg.rms_norm_eps
+        h = ops.rmsnorm(x, lw.in_norm, eps)
+        if lw.kind == "full_attention":
+            a = self.attention(lw.mixer, h, pos, s1, s2)
+        else:
+            a = self.deltanet(lw.mixer, h, s1, s2, kept)
+        x = x + a
+        h = ops.rmsnorm(x, lw.post_norm, eps)
+        m = self.moe(lw.ffn, h) if isinstance(lw.ffn, MoeW) else self.mlp(lw.ffn, h)
+        return x + m
+
+    def attention(self, w: AttnW, h, pos, kcache, vcache):
+        c = self.cfg
+        n, nh, nkv, hd = h.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q = ops.gemv(w.q, h)
+        if w.gated:
+            q = q.reshape(n, nh, 2 * hd)
+            q, gate = q[:, :, :hd], q[:, :, hd:].reshape(n, nh * hd)
+        q = q.reshape(n, nh, hd)
+        if w.q_norm is not None:
+            q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
+        q = ops.rope(q, self.cos[pos], self.sin[pos])
+        self.write_kv(w, h, pos, kcache, vcache)
+        out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(hd ** -0.5)).reshape(n, nh * hd)
+        if w.gated:
+            out = out * ops.sigmoid(gate)
+        return ops.gemv(w.o, out)
+
+    def write_kv(self, w: AttnW, h, pos, kcache, vcache):
+        """The rows' keys (normed, rotated) and values into the cache at pos."""
+        c = self.cfg
+        n, nkv, hd = h.shape[0], c.num_key_value_heads, c.head_dim
+        k = ops.gemv(w.k, h).reshape(n, nkv, hd)
+        if w.k_norm is not None:
+            k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
+        kcache[pos] = ops.rope(k, self.cos[pos], self.sin[pos])
+        vcache[pos] = ops.gemv(w.v, h).reshape(n, nkv, hd)
+
+    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
+        c = self.cfg
+        n = h.shape[0]
+        nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
+                          c.linear_key_head_dim, c.linear_value_head_dim)
+        qkvz = ops.gemv(w.qkvz, h)
+        ba = ops.gemv(w.ba, h)
+        cd = 2 * nk * dk + nv * dv
+        K = w.conv.shape[1]
+        mixed, window = ops.conv_step(ring, qkvz[:, :cd], w.conv)
+        q, k, beta, decay = ops.deltanet_prep(
+            mixed[:, :nk * dk].reshape(n, nk, dk), mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk),
+            ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
+        rep = np.arange(nv) // (nv // nk)
+        v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
+        out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept))
+        for i in range(len(kept)):
+            kept[i][0].append(window[i + 1:i + K].copy())
+            kept[i][1].append(snaps[i])
+        ring[:] = window[n:]
+        z = qkvz[:, cd:].reshape(n, nv, dv)
+        o = ops.rmsnorm_gated(out, w.norm, z, c.rms_norm_eps).reshape(n, nv * dv)
+        return ops.gemv(w.out, o)
+
+    def mlp(self, w: MlpW, h):
+        return ops.gemv(w.down, ops.silu_mul(ops.gemv(w.gate, h), ops.gemv(w.up, h)))
+
+    def moe(self, w: MoeW, h):
+        c = self.cfg
+        probs = ops.softmax(ops.gemv(w.router, h))
+        idx, wt = ops.route(probs, c.num_experts_per_tok, c.norm_topk_prob)     # (n, k) each
+        ys = ops.expert_mlps(w, h, idx)                                          # (n, k, H)
+        if w.shared is None:
+            return ops.moe_combine(ys, wt)
+        return ops.moe_combine(ys, wt, self.mlp(w.shared, h), ops.gemv(w.shared_gate, h)[:, 0])
+
+    def rewind(self, st: HostState, keep: int):
+        """Keep rows 0..keep-1 of the last block (0: none, the state before it):
+        kv_len comes down and the recurrent state after row keep-1 comes back."""
+        if st.block is None:
+            raise VkspecError("rewind needs a block forwarded just before")
+        kv0, n, before, kept = st.block
+        if not 0 <= keep <= n:
+            raise VkspecError(f"rewind keeps 0..{n} rows, got {keep}")
+        if keep < n:
+            if keep and keep > len(kept):
+                raise VkspecError(f"row {keep - 1} of the last block has no copy slot")
+            st.set_recurrent(kept[keep - 1] if keep else before)
+        st.kv_len = kv0 + keep
+
+    def snapshot(self, st: HostState) -> HostState:
+        """A copy of the state (KV rows up to kv_len, the MTP head's rows just
+        past it, the recurrent state), for :meth:`restore`."""
+        rows = min(self.ctx, st.kv_len + 8)
+        conv, ssm = st.recurrent_copy()
+        snap = HostState([k[:st.kv_len].copy() for k in st.kv_k], [v[:st.kv_len].copy() for v in st.kv_v],
+                     conv, ssm, kv_len=st.kv_len)
+        if st.mtp_k is not None:
+            snap.mtp_k, snap.mtp_v = st.mtp_k[:rows].copy(), st.mtp_v[:rows].copy()
+        return snap
+
+    def restore(self, st: HostState, snap: HostState):
+        for dst, src in zip(st.kv_k + st.kv_v, snap.kv_k + snap.kv_v):
+            dst[:len(src)] = src
+        st.set_recurrent((snap.conv, snap.ssm))
+        if snap.mtp_k is not None:
+            st.mtp_k[:len(snap.mtp_k)] = snap.mtp_k
+            st.mtp_v[:len(snap.mtp_v)] = snap.mtp_v
+        st.kv_len = snap.kv_len
+        st.block = None
+
+    # --- the MTP head -------------------------------------------------------
+    def mtp_forward(self, hidden, next_tokens, st: HostState, positions, logits_rows: str = "all", ids=None):
+        """One row per (h_t, token t+1): fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]),
+        the head's decoder layer (its own KV cache), its norm and the lm_head
+        (only its rows ``ids``, ascending, when given: logits[:, j] is the
+        score of token ids[j], the same bits as in the whole row).
+
+        Rows are written at the given positions of the head's cache (the
+        token t+1's position); returns (head hidden, logits). With
+        logits_rows="last" the rows before the last only write their KV row
+        (the head is one layer: nothing else of theirs is ever read) and the
+        last row's (hidden, logits) come back, (1, H) and (1, V)."""
+        m, eps = self.w.mtp, self.cfg.rms_norm_eps
+        e = ops.rmsnorm(ops.embed(self.w.embed, next_tokens), m.norm_emb, eps)
+        hh = ops.rmsnorm(np.asarray(hidden, f32), m.norm_hidden, eps)
+        x = ops.gemv(m.fc, np.concatenate([e, hh], axis=-1))
+        pos = np.asarray(positions)
+        if logits_rows == "last" and len(x) > 1:
+            self.write_kv(m.layer.mixer, ops.rmsnorm(x[:-1], m.layer.in_norm, eps), pos[:-1],
+                          st.mtp_k, st.mtp_v)
+            x, pos = x[-1:], pos[-1:]
+        x = self.layer(m.layer, x, pos, st.mtp_k, st.mtp_v)
+        head = self.w.lm_head if ids is None else self._listed_head(ids)
+        logits = ops.gemv(head, ops.rmsnorm(x, m.norm, eps))
+        return x, logits
+
+    def _listed_head(self, ids):
+        """The lm_head's rows of a draft vocabulary, kept while the list (an
+        array DraftVocab replaces, never edits) stays the same object."""
+        if self._listed[0] is not ids:
+            self._listed = (ids, take_rows(self.w.lm_head, ids))
+        return self._listed[1]

@@ -1,0 +1,1 @@
+"""Weight formats: how a matrix is held in memory and what its values are."""

@@ -1,0 +1,162 @@
+"""A checkpoint (HF safetensors directory or GGUF file) becomes Weights, and
+Weights become a model on a backend.
+
+Conventions that are easy to get wrong (checked against transformers):
+* in_proj_qkvz rows come grouped per key head as [q, k, v(r heads), z(r heads)]
+  and in_proj_ba as [b(r), a(r)]; they are permuted once at load into
+  [q all | k all | v all | z all] and [b all | a all] (a row permutation
+  changes no bits);
+* every RMSNorm is (1 + w) except linear_attn.norm (gated, plain w): the
+  effective weight 1 + w is computed once here, in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import exact
+from .checkpoint import Checkpoint
+from .config import ModelConfig
+from .errors import VkspecError
+from .formats.quant import quantize
+from .weights import AttnW, DeltaW, LayerW, MlpW, MoeW, MtpW, Weights, stack_experts
+
+f32 = np.float32
+
+
+class Loader:
+    def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, fmt: str):
+        self.cfg, self.ckpt, self.fmt = cfg, ckpt, fmt
+
+    def t(self, name, shape):
+        return self.ckpt.get(name, shape)
+
+    def norm(self, name, n):
+        w = self.t(name, (n,))
+        return (f32(1.0) + w).astype(f32) if self.cfg.norm_plus_one else np.array(w, dtype=f32)
+
+    def lin(self, name, rows, cols):
+        return quantize(self.t(name, (rows, cols)), self.fmt)
+
+    def attn(self, p) -> AttnW:
+        c = self.cfg
+        nh, nkv, hd, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+        gated = c.model_type == "qwen3_next"
+        return AttnW(
+            q=self.lin(f"{p}.q_proj.weight", nh * hd * (2 if gated else 1), h),
+            k=self.lin(f"{p}.k_proj.weight", nkv * hd, h),
+            v=self.lin(f"{p}.v_proj.weight", nkv * hd, h),
+            o=self.lin(f"{p}.o_proj.weight", h, nh * hd),
+            q_norm=self.norm(f"{p}.q_norm.weight", hd) if gated else None,
+            k_norm=self.norm(f"{p}.k_norm.weight", hd) if gated else None,
+            gated=gated)
+
+    def delta(self, p) -> DeltaW:
+        c = self.cfg
+        nk, nv, dk, dv, h = (c.linear_num_key_heads, c.linear_num_value_heads,
+                             c.linear_key_head_dim, c.linear_value_head_dim, c.hidden_size)
+        r = nv // nk
+        per = 2 * dk + 2 * r * dv
+        w = self.t(f"{p}.in_proj_qkvz.weight", (nk * per, h)).reshape(nk, per, h)
+        q, k = w[:, :dk], w[:, dk:2 * dk]
+        v, z = w[:, 2 * dk:2 * dk + r * dv], w[:, 2 * dk + r * dv:]
+        qkvz = np.concatenate([x.reshape(-1, h) for x in (q, k, v, z)])
+        ba = self.t(f"{p}.in_proj_ba.weight", (nk * 2 * r, h)).reshape(nk, 2 * r, h)
+        ba = np.concatenate([ba[:, :r].reshape(-1, h), ba[:, r:].reshape(-1, h)])
+        conv_dim = 2 * nk * dk + nv * dv
+        kk = c.linear_conv_kernel_dim
+        return DeltaW(
+            qkvz=quantize(qkvz, self.fmt), ba=quantize(ba, self.fmt),
+            conv=np.ascontiguousarray(self.t(f"{p}.conv1d.weight", (conv_dim, 1, kk))[:, 0]),
+            dt_bias=np.array(self.t(f"{p}.dt_bias", (nv,)), dtype=f32),
+            neg_exp_a=-exact.exp(self.t(f"{p}.A_log", (nv,))),
+            norm=np.array(self.t(f"{p}.norm.weight", (dv,)), dtype=f32),
+            out=self.lin(f"{p}.out_proj.weight", h, nv * dv))
+
+    def mlp(self, p, inter) -> MlpW:
+        h = self.cfg.hidden_size
+        return MlpW(self.lin(f"{p}.gate_proj.weight", inter, h),
+                    self.lin(f"{p}.up_proj.weight", inter, h),
+                    self.lin(f"{p}.down_proj.weight", h, inter))
+
+    def moe(self, p) -> MoeW:
+        c = self.cfg
+        h, e, mi = c.hidden_size, c.num_experts, c.moe_intermediate_size
+        if f"{p}.experts.gate_up_proj" in self.ckpt:     # transformers' fused layout
+            gu = self.t(f"{p}.experts.gate_up_proj", (e, 2 * mi, h))
+            dn = self.t(f"{p}.experts.down_proj", (e, h, mi))
+            experts = [MlpW(quantize(gu[i, :mi], self.fmt), quantize(gu[i, mi:], self.fmt),
+                            quantize(dn[i], self.fmt)) for i in range(e)]
+        else:
+            experts = [self.mlp(f"{p}.experts.{i}", mi) for i in range(e)]
+        si = c.shared_expert_intermediate_size
+        return MoeW(router=self.lin(f"{p}.gate.weight", e, h), experts=experts,
+                    shared=self.mlp(f"{p}.shared_expert", si) if si else None,
+                    shared_gate=self.lin(f"{p}.shared_expert_gate.weight", 1, h) if si else None,
+                    stacked=stack_experts(experts) if self.fmt == "f32" else None)
+
+    def layer(self, p, i, kind) -> LayerW:
+        c = self.cfg
+        mixer = self.delta(f"{p}.linear_attn") if kind == "linear_attention" else self.attn(f"{p}.self_attn")
+        ffn = self.moe(f"{p}.mlp") if c.is_moe_layer(i) else self.mlp(f"{p}.mlp", c.intermediate_size)
+        return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", c.hidden_size),
+                      self.norm(f"{p}.post_attention_layernorm.weight", c.hidden_size), mixer, ffn)
+
+    def load(self, mtp: bool) -> Weights:
+        c = self.cfg
+        h, v = c.hidden_size, c.vocab_size
+        embed = np.array(self.t("model.embed_tokens.weight", (v, h)), dtype=f32)
+        layers = [self.layer(f"model.layers.{i}", i, kind) for i, kind in enumerate(c.layer_types)]
+        head_name = "model.embed_tokens.weight" if c.tie_word_embeddings or "lm_head.weight" not in self.ckpt \
+            else "lm_head.weight"
+        if head_name == "model.embed_tokens.weight" and not c.tie_word_embeddings:
+            raise VkspecError(f"{self.ckpt.dir}: missing tensor lm_head.weight")
+        w = Weights(embed=embed, layers=layers, norm=self.norm("model.norm.weight", h),
+                    lm_head=self.lin(head_name, v, h))
+        if mtp:
+            moe_mtp = c.num_experts > 0
+            lw = LayerW("full_attention", self.norm("mtp.layers.0.input_layernorm.weight", h),
+                        self.norm("mtp.layers.0.post_attention_layernorm.weight", h),
+                        self.attn("mtp.layers.0.self_attn"),
+                        self.moe("mtp.layers.0.mlp") if moe_mtp else self.mlp("mtp.layers.0.mlp", c.intermediate_size))
+            w.mtp = MtpW(fc=self.lin("mtp.fc.weight", h, 2 * h),
+                         norm_emb=self.norm("mtp.pre_fc_norm_embedding.weight", h),
+                         norm_hidden=self.norm("mtp.pre_fc_norm_hidden.weight", h),
+                         layer=lw, norm=self.norm("mtp.norm.weight", h))
+        return w
+
+
+def has_mtp(ckpt) -> bool:
+    return "mtp.fc.weight" in ckpt
+
+
+def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
+               backend: str = "cpu", device_gb: float | None = None, tier=None):
+    """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
+    dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
+    routed experts on the device). Both have the same interface and give the
+    same bits."""
+    from .config import from_dict, load_config
+    from .gguf_file import GgufFile, is_gguf
+    if backend not in ("cpu", "vulkan"):
+        raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
+    if is_gguf(model_dir):
+        if fmt != "f32":
+            raise VkspecError(f"{model_dir}: a GGUF runs at f32 (its own weights, dequantised "
+                              f"exactly); --dtype {fmt} would re-quantise it")
+        ckpt = GgufFile(model_dir)
+        cfg = from_dict(ckpt.config_dict(), str(model_dir))
+    else:
+        cfg = load_config(model_dir)
+        ckpt = Checkpoint(model_dir)
+    want_mtp = has_mtp(ckpt) if mtp is None else mtp
+    if want_mtp and not has_mtp(ckpt):
+        raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
+    weights = Loader(cfg, ckpt, fmt).load(want_mtp)
+    if backend == "vulkan":
+        from .backends.vulkan.model import VulkanModel
+        return VulkanModel(cfg, weights, ctx, budget_gb=device_gb, tier=tier)
+    if tier is not None:
+        raise VkspecError("the expert tier needs --backend vulkan")
+    from .backends.cpu.model import CpuModel
+    return CpuModel(cfg, weights, ctx)
