@@ -36,8 +36,9 @@ def pairs(vk, tiny_dir, tmp_path_factory):
             d, f = (bf16_dir, "f32") if fmt == "bf16" else (tiny_dir, fmt)
             cache[fmt, mtp] = (load_model(d, fmt=f, mtp=mtp), load_model(d, fmt=f, mtp=mtp, backend="vulkan"))
             vk, kept = cache[fmt, mtp][1], ("bf16" if fmt == "bf16" else f)
-            assert {q.fmt for mix, out, ffn in vk.fused for q in [mix, out, *ffn.values()]} == {kept}
-            assert vk.head_w.fmt == kept
+            lay = vk.layout
+            assert {q.fmt for h in lay.host for q in [h.mix, h.out, *h.ffn.parts().values()]} == {kept}
+            assert lay.head.fmt == kept
         return cache[fmt, mtp]
     return get
 
@@ -141,17 +142,16 @@ def test_generate_digest(pairs, fmt, n_prompt):
 
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_verify_block_rows_have_decode_step_bits(pairs, k):
-    """A k+1-row block (with copy slots) equals k+1 single-row decode steps."""
+    """A k+1-row block on the device (with copy slots) equals k+1 single-row
+    decode steps on the CPU, row for row."""
     cpu, vk = pairs("int8")
     toks = prompt(20 + k + 1, seed=k)
-    sv = vk.new_state()
+    sv, sc = vk.new_state(), cpu.new_state()
     for i in range(0, 20, 8):
         vk.forward(toks[i:min(i + 8, 20)], sv)
+        cpu.forward(toks[i:min(i + 8, 20)], sc)
     hb, lb = vk.forward(toks[20:], sv, copies=True)
-    sv = vk.new_state()
-    for i in range(0, 20, 8):
-        vk.forward(toks[i:min(i + 8, 20)], sv)
-    rows = [vk.forward([t], sv) for t in toks[20:]]
+    rows = [cpu.forward([t], sc) for t in toks[20:]]
     bits_equal(hb, np.concatenate([r[0] for r in rows]))
     bits_equal(lb, np.concatenate([r[1] for r in rows]))
 
@@ -194,18 +194,19 @@ def test_rollback_equals_feeding_only_the_kept_rows(pairs, fmt):
 
 
 def test_watermark_host_and_device_agree(pairs):
-    from vkspec.backends.vulkan.model import STEP_KV_LEN
+    from vkspec.backends.vulkan.step import step_block
     _, vk = pairs("f32")
+    KV_LEN = step_block().offsets["kv_len"]
     sv = vk.new_state()
     for blk in ([9], [1, 2, 3, 4, 5], [6, 7, 8]):
         before = sv.kv_len
         vk.forward(blk, sv, copies=True)
-        assert int(vk.step.data()[STEP_KV_LEN]) == before
+        assert int(vk.b.step.data()[KV_LEN]) == before
         assert sv.kv_len == before + len(blk)
     vk.rewind(sv, 1)                           # 9 rows stand: the watermark comes down
     assert sv.kv_len == 7
     vk.forward([10, 11], sv)                   # and the next block writes from row 7
-    assert int(vk.step.data()[STEP_KV_LEN]) == 7 and sv.kv_len == 9
+    assert int(vk.b.step.data()[KV_LEN]) == 7 and sv.kv_len == 9
 
 
 def test_copy_slot_allocation_failure_leaves_state_and_allows_retry(vk, tiny_dir):

@@ -10,7 +10,8 @@ from vkspec.sampling import Sampler
 from vkspec.speculative.config import SpecConfig
 from vkspec.speculative.decode import choose, generate_spec
 from vkspec.speculative.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
-from vkspec.speculative.lookup import PromptLookup, Proposal
+from vkspec.speculative.lookup import PromptLookup
+from vkspec.speculative.source import Proposal
 
 
 def plain_steps(g, seconds):

@@ -11,23 +11,38 @@ from pathlib import Path
 from .speculative.config import UNSUPPORTED as UNSUPPORTED_SPEC
 
 
+def _tokenizer_for_run(args):
+    """The tokenizer, None when the model has none. With --prompt-ids a
+    tokenizer that fails to load is reported and the run prints token ids."""
+    from .errors import VkspecError
+    from .tokenizer import find_tokenizer
+    try:
+        return find_tokenizer(args.model)
+    except VkspecError as e:
+        if args.prompt_ids is None:
+            raise
+        print(f"vkspec: {e}; printing token ids", file=sys.stderr)
+        return None
+
+
 def _run(args) -> int:
+    from .errors import VkspecError
     from .sampling import Sampler
     from .speculative import generate_spec
     from .speculative.sources import build, listed_size, save_vocab
-    from .tokenizer import load_tokenizer
     cfg = _spec_config(args)
+    tok = _tokenizer_for_run(args)
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            print("vkspec: --prompt-ids must be comma-separated integers", file=sys.stderr)
-            return 2
+            raise VkspecError("--prompt-ids must be comma-separated integers") from None
+    elif tok is None:
+        raise VkspecError(f"{args.model}: no tokenizer.json (use --prompt-ids)")
     else:
-        prompt = load_tokenizer(args.model).encode(args.prompt or "")
+        prompt = tok.encode(args.prompt or "")
     if not prompt:
-        print("vkspec: empty prompt", file=sys.stderr)
-        return 2
+        raise VkspecError("empty prompt")
     tier = _tier(args, args.model)
     model = _load_for_spec(args, cfg, tier)
     sources, gate = build(model, cfg, args.model)
@@ -53,10 +68,6 @@ def _run(args) -> int:
         save_vocab(sources)
         if tier is not None and tier.history:
             model.tier.save_history(tier.history)
-    try:
-        tok = load_tokenizer(args.model)
-    except Exception:
-        tok = None
     text = tok.decode(res.tokens) if tok else ""
     c = res.counters
     print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | "
@@ -131,7 +142,7 @@ def _spec_config(args):
                            spec_mtp_recurrent_snapshots=args.snapshots,
                            spec_mtp_fr_vocab_size=args.mtp_vocab,
                            spec_gate=False if args.no_gate else None,
-                           spec_gate_pstep=True if getattr(args, "pstep", False) else None)
+                           spec_gate_pstep=True if args.pstep else None)
 
 
 def _load_for_spec(args, cfg, tier):
@@ -140,7 +151,7 @@ def _load_for_spec(args, cfg, tier):
     from .loader import load_model
     mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
     return load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
-                      mtp=mtp, tier=tier, ctx=getattr(args, "ctx", None))
+                      mtp=mtp, tier=tier, ctx=args.ctx)
 
 
 def _tier(args, model_dir):
@@ -162,7 +173,7 @@ def _serve(args) -> int:
     from .serve.engine import Engine
     from .serve.text import chat_template
     from .speculative.sources import build, listed_size, save_vocab
-    from .tokenizer import load_tokenizer
+    from .tokenizer import find_tokenizer
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
     model = _load_for_spec(args, cfg, tier)
@@ -173,10 +184,7 @@ def _serve(args) -> int:
                    listed=listed_size(model, cfg) if spec else 0)
         print(f"[vkspec serve] decoding shapes recorded in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
-    try:
-        tok = load_tokenizer(args.model)
-    except Exception:
-        tok = None
+    tok = find_tokenizer(args.model)
     sources, gate = build(model, cfg, args.model)
     engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
                     eos=set(model.cfg.eos_token_id))
@@ -209,9 +217,48 @@ def _make_tiny(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parents() -> dict[str, argparse.ArgumentParser]:
+    """Flag groups that several commands share, declared once."""
+    def parser():
+        return argparse.ArgumentParser(add_help=False)
+
+    model = parser()
+    model.add_argument("model", help="a checkpoint directory or a .gguf file")
+    model.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32",
+                       help="quantise a safetensors checkpoint's matrices while loading")
+    model.add_argument("--device-gb", type=float, default=None,
+                       help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
+    backend = parser()
+    backend.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
+    backend.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    spec = parser()
+    spec.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None,
+                      help="draft source (spec_mode; default off)")
+    spec.add_argument("--drafts", type=int, default=None, help="spec_draft_max K (1..7, default 7)")
+    spec.add_argument("--snapshots", type=int, default=None,
+                      help="spec_mtp_recurrent_snapshots S (0..7, default 7)")
+    spec.add_argument("--mtp-vocab", type=int, default=None,
+                      help="spec_mtp_fr_vocab_size: most-used ids the MTP head scores (0: all; 16000)")
+    spec.add_argument("--no-gate", action="store_true", help="draft every proposal in full (tests)")
+    spec.add_argument("--pstep", action="store_true", help="per-step confidence for the MTP head's drafts")
+    spec.add_argument("--config", default=None, help="a TOML file with spec_* keys (flags override it)")
+    tier = parser()
+    tier.add_argument("--tier-gb", type=float, default=None,
+                      help="expert tier: device memory for routed experts (default: all on the device)")
+    tier.add_argument("--tier-rate", type=int, default=2, help="expert uploads per forward at most")
+    tier.add_argument("--tier-no-balance", action="store_true", help="the same slots for every layer")
+    tier.add_argument("--tier-stream", action="store_true",
+                      help="stream missing experts through the device instead of the CPU")
+    tier.add_argument("--tier-history", nargs="?", const="", default=None,
+                      help="start from this usage history (default: expert_usage.json beside the "
+                           "model) and save it at the end")
+    return dict(model=model, backend=backend, spec=spec, tier=tier)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vkspec", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    g = _parents()
     p = sub.add_parser("selftest", help="the exact core on the device against the CPU, byte for byte")
     p.add_argument("--seed", type=int, default=0)
 
@@ -226,35 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=512)
 
-    p = sub.add_parser("run", help="generate")
-    p.add_argument("model")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt")
-    g.add_argument("--prompt-ids")
+    p = sub.add_parser("run", help="generate", parents=[g["model"], g["backend"], g["spec"], g["tier"]])
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt")
+    prompt.add_argument("--prompt-ids")
     p.add_argument("-n", type=int, default=32)
-    p.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
-    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
-    p.add_argument("--device-gb", type=float, default=None,
-                   help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
-    p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None,
-                   help="draft source (spec_mode; default off)")
-    p.add_argument("--drafts", type=int, default=None, help="spec_draft_max K (1..7, default 7)")
-    p.add_argument("--snapshots", type=int, default=None,
-                   help="spec_mtp_recurrent_snapshots S (0..7, default 7)")
-    p.add_argument("--mtp-vocab", type=int, default=None,
-                   help="spec_mtp_fr_vocab_size: most-used ids the MTP head scores (0: all; 16000)")
-    p.add_argument("--no-gate", action="store_true", help="draft every proposal in full (tests)")
-    p.add_argument("--pstep", action="store_true", help="per-step confidence for the MTP head's drafts")
-    p.add_argument("--config", default=None, help="a TOML file with spec_* keys (flags override it)")
-    p.add_argument("--tier-gb", type=float, default=None,
-                   help="expert tier: device memory for routed experts (default: all on the device)")
-    p.add_argument("--tier-rate", type=int, default=2, help="expert uploads per forward at most")
-    p.add_argument("--tier-no-balance", action="store_true", help="the same slots for every layer")
-    p.add_argument("--tier-stream", action="store_true",
-                   help="stream missing experts through the device instead of the CPU")
-    p.add_argument("--tier-history", nargs="?", const="", default=None,
-                   help="start from this usage history (default: expert_usage.json beside the "
-                        "model) and save it at the end")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -262,37 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop-eos", action="store_true")
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
-    p.add_argument("model")
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server",
+                       parents=[g["model"], g["backend"], g["spec"], g["tier"]])
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
-    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
-    p.add_argument("--device-gb", type=float, default=None)
-    p.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
-    p.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None)
-    p.add_argument("--drafts", type=int, default=None)
-    p.add_argument("--snapshots", type=int, default=None)
-    p.add_argument("--mtp-vocab", type=int, default=None)
-    p.add_argument("--no-gate", action="store_true")
-    p.add_argument("--config", default=None)
-    p.add_argument("--tier-gb", type=float, default=None)
-    p.add_argument("--tier-rate", type=int, default=2)
-    p.add_argument("--tier-no-balance", action="store_true")
-    p.add_argument("--tier-stream", action="store_true")
-    p.add_argument("--tier-history", nargs="?", const="", default=None)
 
-    p = sub.add_parser("plan", help="the memory plan")
-    p.add_argument("model")
-    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
+    p = sub.add_parser("plan", help="the memory plan", parents=[g["model"]])
     p.add_argument("--budget-gb", type=float, default=None, help="the expert tier's budget")
     p.add_argument("--snapshots", type=int, default=7)
     p.add_argument("--drafts", type=int, default=7)
     p.add_argument("--ctx", type=int, default=None)
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("bench", help="the speculative benchmark (a table and a PNG), or --verify-cost")
-    p.add_argument("model")
+    p = sub.add_parser("bench", help="the speculative benchmark (a table and a PNG), or --verify-cost",
+                       parents=[g["model"]])
     p.add_argument("--verify-cost", action="store_true",
                    help="T(n)/T(1) of verify blocks, host share and decode tok/s of one backend")
     p.add_argument("--backend", choices=["cpu", "vulkan"], default="vulkan")
@@ -301,13 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", default="code-edit,chat")
     p.add_argument("-n", type=int, default=96)
     p.add_argument("--out", default="out/bench")
-    p.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32")
-    p.add_argument("--device-gb", type=float, default=None)
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--rounds", type=int, default=1,
                    help="run the modes interleaved this many times; tok/s and TTFT are medians")
     p.add_argument("--json", action="store_true")
+    return ap
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     from .backends.vulkan.device import DeviceError
     from .errors import VkspecError

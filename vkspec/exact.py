@@ -11,12 +11,18 @@ floats, plus exact bit manipulation and ``floor``:
 * every reduction has one order, ``REDUCE_LANES`` lanes of 4-wide accumulators
   (see :func:`dot`), never ``np.sum``/``np.dot``/BLAS.
 
+One source for the CPU: each elementwise function is a **formula** (``_exp``,
+``_log``, ...) written with the primitives below, so that it runs on NumPy
+arrays here and compiles for scalars in vkspec/backends/cpu/jit_math.py, which
+gives numba its own versions of the primitives (``bits``, ``select`` ...) and
+compiles these very functions. The GLSL twin is held to them by the tests.
+
 Denormal policy: IEEE 754 gradual underflow everywhere. NumPy preserves
-denormals, and so does Lavapipe (measured); :mod:`vkspec.denormals` probes a
-device at start-up and refuses one that flushes, because plain ``+ - *`` in
-the kernels would then differ. The functions here take denormal inputs (they
-rescale them by 2**24 before reading exponent bits) and return correctly
-rounded denormal results where the true value is one.
+denormals, and so does Lavapipe (measured); the device's denormal probe
+(backends/vulkan/device.py) refuses a device that flushes, because plain
+``+ - *`` in the kernels would then differ. The functions here take denormal
+inputs (they rescale them by 2**24 before reading exponent bits) and return
+correctly rounded denormal results where the true value is one.
 
 NaN never wins an argmax; exp/log/sigmoid/recip/rsqrt propagate NaN.
 """
@@ -33,172 +39,179 @@ REDUCE_LANES = 32          # lanes of a reduction (the workgroup width)
 REDUCE_VEC = 4             # columns per lane per step
 REDUCE_STRIDE = REDUCE_LANES * REDUCE_VEC  # columns consumed per step
 
-FLT_MIN = f32(1.17549435e-38)
+ZERO, HALF, ONE = f32(0.0), f32(0.5), f32(1.0)
+INF, NAN = f32(np.inf), f32(np.nan)
 _EXP_LO, _EXP_HI = f32(-104.0), f32(89.0)
 _LOG2E = f32(1.44269504088896341)
 _LN2_HI, _LN2_LO = f32(0.693359375), f32(-2.12194440e-4)
-_EXP_P = [f32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                           4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
-_LOG_P = [f32(c) for c in (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1,
-                           -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
-                           2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)]
+_EXP_P0, _EXP_PS = f32(1.9875691500e-4), tuple(f32(c) for c in (
+    1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+_LOG_P0, _LOG_PS = f32(7.0376836292e-2), tuple(f32(c) for c in (
+    -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+    2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1))
 _SQRTHF = f32(0.707106781186547524)
 _RCP_A, _RCP_B = f32(48.0 / 17.0), f32(32.0 / 17.0)
-_RSQRT_MAGIC = 0x5F3759DF
+_RSQRT_MAGIC = u32(0x5F3759DF)
 _SOFTPLUS_THRESHOLD = f32(20.0)
 _TWO24 = f32(16777216.0)
 
 
-def _arr(x) -> np.ndarray:
-    return np.asarray(x, dtype=f32)
+# --- primitives (jit_math gives numba a scalar version of each) ---------------------
+
+def bits(x):
+    """The IEEE 754 bits of float32 x."""
+    return np.asarray(x, f32).view(u32)
 
 
-def _bits(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, dtype=f32).view(u32)
+def from_bits(b):
+    return np.asarray(b, u32).view(f32)
 
 
-def _from_bits(b: np.ndarray) -> np.ndarray:
-    return np.asarray(b, dtype=u32).view(f32)
+def select(c, a, b):
+    """a where c, else b (both computed)."""
+    return np.where(c, a, b)
 
 
-def _is_nan(b: np.ndarray) -> np.ndarray:
+# --- formulas: arrays here, scalars once compiled ----------------------------------
+
+def is_nan(b):
     return (b & u32(0x7FFFFFFF)) > u32(0x7F800000)
 
 
-def _is_zero_or_denormal(b: np.ndarray) -> np.ndarray:
-    return (b & u32(0x7F800000)) == u32(0)
-
-
-def _is_zero(b: np.ndarray) -> np.ndarray:
+def is_zero(b):
     return (b & u32(0x7FFFFFFF)) == u32(0)
 
 
-def _pow2(e: np.ndarray) -> np.ndarray:
+def _pow2(e):
     """2**e for integer e in [-126, 127], built from its exponent bits."""
-    return _from_bits((e.astype(i32) + i32(127)).astype(u32) << u32(23))
+    return from_bits(u32(u32(i32(e) + i32(127)) << u32(23)))
 
 
-def _scale(y: np.ndarray, e: np.ndarray) -> np.ndarray:
+def _scale(y, e):
     """y * 2**e for e in [-252, 254]: one exact step, then one rounding."""
     e1 = e >> 1
     return (y * _pow2(e1)) * _pow2(e - e1)
 
 
-def _unsubnormal(a: np.ndarray):
+def _unsubnormal(a):
     """(a * 2**24, 24) for a denormal a, else (a, 0): exact either way."""
-    b = _bits(a)
-    sub = _is_zero_or_denormal(b) & ((b & u32(0x007FFFFF)) != u32(0))
-    return np.where(sub, a * _TWO24, a), np.where(sub, i32(24), i32(0))
+    b = bits(a)
+    sub = ((b & u32(0x7F800000)) == u32(0)) & ((b & u32(0x007FFFFF)) != u32(0))
+    return select(sub, a * _TWO24, a), select(sub, i32(24), i32(0))
 
 
-def exp(x) -> np.ndarray:
-    x = _arr(x)
-    with np.errstate(all="ignore"):
-        xc = np.minimum(np.maximum(x, _EXP_LO), _EXP_HI)
-        n = np.floor(xc * _LOG2E + f32(0.5))
-        r = xc - n * _LN2_HI
-        r = r - n * _LN2_LO
-        p = _EXP_P[0]
-        for c in _EXP_P[1:]:
-            p = p * r + c
-        p = (p * (r * r) + r) + f32(1.0)
-        y = _scale(p, n.astype(i32))
-        return np.where(_is_nan(_bits(x)), x, y).astype(f32)
+def _exp(x):
+    xc = np.minimum(np.maximum(x, _EXP_LO), _EXP_HI)
+    n = f32(np.floor(xc * _LOG2E + HALF))
+    r = xc - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = _EXP_P0
+    for c in _EXP_PS:
+        p = p * r + c
+    p = (p * (r * r) + r) + ONE
+    return select(is_nan(bits(x)), x, _scale(p, i32(n)))
 
 
-def log(x) -> np.ndarray:
-    x = _arr(x)
-    with np.errstate(all="ignore"):
-        xn, k = _unsubnormal(x)
-        b = _bits(xn)
-        e = (b >> u32(23)).astype(i32) - i32(126) - k
-        m = _from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))
-        small = m < _SQRTHF
-        e = np.where(small, e - 1, e)
-        m = np.where(small, (m + m) - f32(1.0), m - f32(1.0))
-        z = m * m
-        y = _LOG_P[0]
-        for c in _LOG_P[1:]:
-            y = y * m + c
-        y = (y * m) * z
-        fe = e.astype(f32)
-        y = y + fe * _LN2_LO
-        y = y + z * f32(-0.5)
-        r = m + y
-        r = r + fe * _LN2_HI
-        neg = (b >> u32(31)) == u32(1)
-        r = np.where(_is_zero(b), f32(-np.inf), r)
-        r = np.where(b == u32(0x7F800000), f32(np.inf), r)
-        r = np.where(neg & ~_is_zero(b), f32(np.nan), r)
-        return np.where(_is_nan(b), x, r).astype(f32)
+def _log(x):
+    xn, k = _unsubnormal(x)
+    b = bits(xn)
+    e = i32(b >> u32(23)) - i32(126) - k
+    m = from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))
+    small = m < _SQRTHF
+    e = select(small, e - i32(1), e)
+    m = select(small, (m + m) - ONE, m - ONE)
+    z = m * m
+    y = _LOG_P0
+    for c in _LOG_PS:
+        y = y * m + c
+    y = (y * m) * z
+    fe = f32(e)
+    y = y + fe * _LN2_LO
+    y = y + z * f32(-0.5)
+    r = m + y
+    r = r + fe * _LN2_HI
+    negative = ((b >> u32(31)) == u32(1)) & ((b & u32(0x7FFFFFFF)) != u32(0))
+    r = select(is_zero(b), -INF, r)
+    r = select(b == u32(0x7F800000), INF, r)
+    r = select(negative, NAN, r)
+    return select(is_nan(b), x, r)
 
 
-def recip(a) -> np.ndarray:
-    a = _arr(a)
-    with np.errstate(all="ignore"):
-        an, k = _unsubnormal(a)
-        b = _bits(an)
-        sign = b & u32(0x80000000)
-        e = ((b >> u32(23)) & u32(0xFF)).astype(i32)
-        m = _from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))   # [0.5, 1)
-        y = _RCP_A - _RCP_B * m
-        for _ in range(3):
-            y = y + y * (f32(1.0) - m * y)
-        r = _scale(y, i32(126) - e + k)
-        r = np.where(_is_zero(b), f32(np.inf), r)
-        r = np.where(e == 255, f32(0.0), r)
-        r = _from_bits(_bits(r.astype(f32)) | sign)
-        return np.where(_is_nan(b), a, r).astype(f32)
+def _recip(a):
+    an, k = _unsubnormal(a)
+    b = bits(an)
+    sign = b & u32(0x80000000)
+    e = i32((b >> u32(23)) & u32(0xFF))
+    m = from_bits((b & u32(0x007FFFFF)) | u32(0x3F000000))   # [0.5, 1)
+    y = _RCP_A - _RCP_B * m
+    for _ in range(3):
+        y = y + y * (ONE - m * y)
+    r = _scale(y, i32(126) - e + k)
+    r = select(is_zero(b), INF, r)
+    r = select(e == i32(255), ZERO, r)
+    r = from_bits(bits(r) | sign)
+    return select(is_nan(b), a, r)
 
 
-def rsqrt(a) -> np.ndarray:
-    a = _arr(a)
-    with np.errstate(all="ignore"):
-        an, k = _unsubnormal(a)
-        b = _bits(an)
-        y = _from_bits((u32(_RSQRT_MAGIC) - (b >> u32(1))).astype(u32))
-        for _ in range(3):
-            t = (an * y) * y
-            y = y + y * (f32(0.5) - f32(0.5) * t)
-        y = y * _pow2(k >> 1)
-        r = np.where(_is_zero(b), f32(np.inf), y)
-        r = np.where((b & u32(0x7FFFFFFF)) == u32(0x7F800000), f32(0.0), r)
-        neg = ((b >> u32(31)) == u32(1)) & ~_is_zero(b)
-        r = np.where(neg, f32(np.nan), r)
-        return np.where(_is_nan(b), a, r).astype(f32)
+def _rsqrt(a):
+    an, k = _unsubnormal(a)
+    b = bits(an)
+    y = from_bits(u32(_RSQRT_MAGIC - (b >> u32(1))))
+    for _ in range(3):
+        t = (an * y) * y
+        y = y + y * (HALF - HALF * t)
+    y = y * _pow2(k >> 1)
+    y = select(is_zero(b), INF, y)
+    y = select((b & u32(0x7FFFFFFF)) == u32(0x7F800000), ZERO, y)
+    y = select(((b >> u32(31)) == u32(1)) & ((b & u32(0x7FFFFFFF)) != u32(0)), NAN, y)
+    return select(is_nan(b), a, y)
 
 
-def sigmoid(x) -> np.ndarray:
-    x = _arr(x)
-    with np.errstate(all="ignore"):
-        return recip(f32(1.0) + exp(-x))
+def _sigmoid(x):
+    return _recip(ONE + _exp(-x))
 
 
-def silu(x) -> np.ndarray:
-    x = _arr(x)
-    with np.errstate(all="ignore"):
-        return x * sigmoid(x)
+def _silu(x):
+    return x * _sigmoid(x)
 
 
-def log1p(u) -> np.ndarray:
+def _log1p(u):
     """log(1 + u) for u >= -1 (Goldberg: log(w) * u / (w - 1), w = 1 + u)."""
-    u = _arr(u)
-    with np.errstate(all="ignore"):
-        w = f32(1.0) + u
-        r = log(w) * (u * recip(w - f32(1.0)))
-        return np.where(w == f32(1.0), u, r).astype(f32)
+    w = ONE + u
+    return select(w == ONE, u, _log(w) * (u * _recip(w - ONE)))
 
 
-def softplus(x) -> np.ndarray:
+def _softplus(x):
     """log(1 + exp(x)), and x itself above 20 (torch's threshold)."""
-    x = _arr(x)
-    with np.errstate(all="ignore"):
-        y = np.maximum(x, f32(0.0)) + log1p(exp(-np.abs(x)))
-        return np.where(x > _SOFTPLUS_THRESHOLD, x, y).astype(f32)
+    y = np.maximum(x, ZERO) + _log1p(_exp(-np.abs(x)))
+    return select(x > _SOFTPLUS_THRESHOLD, x, y)
 
+
+FORMULAS = (is_nan, is_zero, _pow2, _scale, _unsubnormal, _exp, _log, _recip, _rsqrt, _sigmoid, _silu,
+            _log1p, _softplus)
+
+
+def _elementwise(formula, name: str):
+    def f(x) -> np.ndarray:
+        x = np.asarray(x, dtype=f32)
+        with np.errstate(all="ignore"):
+            return np.asarray(formula(x), dtype=f32)
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"The float32 formula {formula.__name__} over an array."
+    return f
+
+
+exp, log, recip, rsqrt = (_elementwise(_exp, "exp"), _elementwise(_log, "log"),
+                          _elementwise(_recip, "recip"), _elementwise(_rsqrt, "rsqrt"))
+sigmoid, silu, softplus, log1p = (_elementwise(_sigmoid, "sigmoid"), _elementwise(_silu, "silu"),
+                                  _elementwise(_softplus, "softplus"), _elementwise(_log1p, "log1p"))
 
 # core_eval.comp's `op` indexes this list
 ELEMENTWISE = (exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p)
+
+
+def _arr(x) -> np.ndarray:
+    return np.asarray(x, dtype=f32)
 
 
 # --- reductions --------------------------------------------------------------

@@ -84,7 +84,7 @@ class Model(Protocol):
     def new_state(self) -> State:
         """An empty state (kv_len 0, recurrent state zero)."""
 
-    def forward(self, tokens, state: State, logits_rows: str = "all",
+    def forward(self, tokens, st: State, logits_rows: str = "all",
                 copies: int | bool = 0) -> tuple[np.ndarray, np.ndarray]:
         """Feed a block of n tokens at positions kv_len..kv_len+n-1.
 
@@ -93,7 +93,7 @@ class Model(Protocol):
         with logits_rows="last"). ``copies`` rows (True: all but the last)
         keep the recurrent state after them in copy slots."""
 
-    def mtp_forward(self, hidden, next_tokens, state: State, positions, logits_rows: str = "all",
+    def mtp_forward(self, hidden, next_tokens, st: State, positions, logits_rows: str = "all",
                     ids=None) -> tuple[np.ndarray, np.ndarray]:
         """The MTP head: one row per (h_t, token t+1) pair, written to the head's
         KV at ``positions``. Returns (head hidden, logits). logits_rows="last":
@@ -101,14 +101,14 @@ class Model(Protocol):
         (1, H), (1, V) come back. ``ids``: the listed ids (ascending); logits
         then has one column per id."""
 
-    def rewind(self, state: State, keep: int) -> None:
+    def rewind(self, st: State, keep: int) -> None:
         """Keep rows 0..keep-1 of the last block (0: none): the watermark comes
         down and the recurrent state after row keep-1 (its copy slot) comes back."""
 
-    def snapshot(self, state: State) -> HostState:
+    def snapshot(self, st: State) -> HostState:
         """A host copy of the state, for :meth:`restore`."""
 
-    def restore(self, state: State, snap: HostState) -> None:
+    def restore(self, st: State, snap: HostState) -> None:
         """Make ``state`` hold a snapshot's contents."""
 
     def warm(self, length: int = 0, copies: int = 0, listed: int = 0) -> None:

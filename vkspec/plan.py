@@ -41,7 +41,7 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
                recurrent_state=0, working_buffers=0)
     for name, b in p.items:
         kind, li = name.split(":")[0], layer_of(name)
-        is_mtp = (li is not None and li >= n_trunk) or name in ("weights:mtp.fc",)
+        is_mtp = (li is not None and li >= n_trunk) or name.startswith("weights:mtp.")
         routed = kind == "experts" or (kind == "weights" and name.endswith(
             (".gate_up", ".gate_up.scales", ".down", ".down.scales")) and li is not None
             and isinstance(w.layers[li].ffn if li < n_trunk else None, MoeW))

@@ -18,6 +18,16 @@ class Tok:
         return self.tk.decode(list(ids), skip_special_tokens=False)
 
 
+def find_tokenizer(model_dir) -> Tok | None:
+    """The model's tokenizer, or None when it has none (a checkpoint without
+    tokenizer.json runs on token ids). A tokenizer that is there but cannot
+    be read is an error, never quietly None."""
+    from .gguf_file import is_gguf
+    if not is_gguf(model_dir) and not (Path(model_dir) / "tokenizer.json").exists():
+        return None
+    return load_tokenizer(model_dir)
+
+
 def load_tokenizer(model_dir) -> Tok:
     from .gguf_file import GgufFile, is_gguf
     if is_gguf(model_dir):

@@ -1,6 +1,6 @@
 #version 450
 // Index of the largest value of each row; ties go to the lowest index, NaN
-// never wins. Twin of exact.argmax.
+// never wins. Twin of backends/cpu/ops.py argmax.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) writeonly buffer Y { uint y[]; };

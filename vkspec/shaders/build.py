@@ -77,8 +77,29 @@ def compile_one(src: Path, name: str, defines: list[str], out_dir: Path, glslang
         msg = "\n".join(l for l in (res.stdout + res.stderr).splitlines()
                         if l.strip() and l.strip() != str(src))
         raise ShaderError(f"shader {src.name} ({name}) failed to compile:\n{msg}")
+    problems = check_push(src.stem, name, tmp)
+    if problems:
+        tmp.unlink(missing_ok=True)
+        raise ShaderError("\n".join(problems))
     os.replace(tmp, out)
     return out
+
+
+def _sibling(name: str):
+    """A module of this folder, loaded by path (the build hook runs this file
+    before vkspec is importable)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"vkspec_shaders_{name}", HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up while building a class
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_push(stem: str, name: str, spv: Path) -> list[str]:
+    """The compiled block against push.py's struct (see push.check)."""
+    spirv, push = _sibling("spirv"), _sibling("push")
+    return push.check(stem, spirv.reflect(spv.read_bytes()).push, name)
 
 
 def compile_all(src_dir: Path = HERE, out_dir: Path | None = None, force: bool = False) -> list[Path]:

@@ -1,5 +1,5 @@
 #version 450
-// y[r] = table[tok[r]]: the embedding gather. Twin of backends/cpu.embed.
+// y[r] = table[tok[r]]: the embedding gather. Twin of backends/cpu/ops.py embed.
 #extension GL_GOOGLE_include_directive : require
 #include "step.glsl"
 

@@ -1,7 +1,7 @@
 #version 450
 // variants: f32=W_F32 bf16=W_BF16 q8=W_Q8 q4=W_Q4 f32_acc=W_F32,ACC bf16_acc=W_BF16,ACC q8_acc=W_Q8,ACC q4_acc=W_Q4,ACC f32_routed=W_F32,ROUTED bf16_routed=W_BF16,ROUTED q8_routed=W_Q8,ROUTED q4_routed=W_Q4,ROUTED f32_rowmap=W_F32,ROWMAP bf16_rowmap=W_BF16,ROWMAP q8_rowmap=W_Q8,ROWMAP q4_rowmap=W_Q4,ROWMAP
 // y[r][m] = dot(x[r], w[m]) for up to 8 input rows, each weight read once.
-// Twin of backends/cpu.gemv. One invocation computes one output row, visiting
+// Twin of backends/cpu/ops.py gemv. One invocation computes one output row, visiting
 // the 32 lanes of the canonical order one after another; each input row keeps
 // its own accumulators, so row r's bits do not depend on how many rows ran.
 // ACC adds the result to y (the residual stream: x + gemv(w, h) in one pass).

@@ -2,7 +2,7 @@
 // variants: routed= shared=SHARED
 // x += sum_j y[r,j] * w[r,j] (the routed experts, in routing order, from +0),
 // plus sigmoid(g[r]) * s[r] with SHARED (the shared expert and its gate).
-// Twin of backends/cpu.moe_combine followed by the residual add.
+// Twin of backends/cpu/ops.py's moe_combine.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 

@@ -1,7 +1,7 @@
 #version 450
 // variants: plain= gated=GATED
 // y = x * rsqrt(mean(x*x) + eps) * w, row by row; GATED multiplies by silu(z)
-// (linear_attn.norm). Twins of backends/cpu.rmsnorm and .rmsnorm_gated.
+// (linear_attn.norm). Twin of backends/cpu/ops.py.rmsnorm (z: gated).
 // w is the effective weight (1 + weight for the (1 + w) form, made on the host).
 // Row r lives at off + (r / group) * stride + (r % group) * inner, so per-head
 // norms can read heads out of a wider projection.

@@ -2,9 +2,9 @@
 // variants: rows=ROWS cache=CACHE
 // Partial RoPE: the first rot features of each head become
 // x*cos + rotate_half(x)*sin, with cos/sin rows of the host's tables at the
-// row's position; the rest pass through. Twin of backends/cpu.rope.
-// CACHE writes row r to the cache row at its position (the KV store; with
-// rot = 0 it is a plain copy, which is how V enters the cache).
+// row's position; the rest pass through. Twin of backends/cpu/ops.py's rope;
+// CACHE (its cache argument) writes row r to the cache row at its position
+// (the KV store; with rot = 0 it is a plain copy, which is how V enters).
 #extension GL_GOOGLE_include_directive : require
 #include "step.glsl"
 

@@ -1,7 +1,7 @@
 #version 450
 // MoE routing of each row: softmax over the router logits, the top k experts
 // (ties to the lower index), their weights renormalised when asked. Twin of
-// backends/cpu.route (with cpu.softmax before it).
+// backends/cpu/ops.py's route.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 

@@ -1,6 +1,6 @@
 #version 450
 // y = silu(g) * u, the gated MLP's activation; g and u are the two halves of
-// one [gate; up] projection row. Twin of backends/cpu.silu_mul.
+// one [gate; up] projection row. Twin of backends/cpu/ops.py silu_mul.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 

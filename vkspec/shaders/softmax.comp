@@ -1,5 +1,5 @@
 #version 450
-// y = exp(x - max x) * recip(sum exp(x - max x)), row by row. Twin of exact.softmax.
+// y = exp(x - max x) * recip(sum exp(x - max x)), row by row. Twin of backends/cpu/ops.py softmax.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 

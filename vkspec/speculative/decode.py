@@ -52,18 +52,16 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         for src in sources:
             src.observe(rows, hidden, i)
     for src in sources:
-        if hasattr(src, "prefilled"):
-            src.prefilled()
+        src.prefilled()
     t1 = time.perf_counter()
     state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
     # sources whose proposals cost nothing: the gate judges them in hindsight
-    hindsight = {s.name for s in sources if getattr(s, "free", False)} if gate and gate.enabled else set()
+    hindsight = {s.name for s in sources if s.free} if gate and gate.enabled else set()
 
     def emit(tok, row):
         out.append(tok)
         for src in sources:
-            if hasattr(src, "picked"):
-                src.picked(tok)
+            src.picked(tok)
         state["ended"] = bool(on_token and on_token(tok, row))
 
     def done(tok):
@@ -119,7 +117,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 if prop and prop.tokens:                 # judged in full, carried up to the plan
                     gate.judge_later(prop.key, prop.tokens, len(out))
                     prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens))]
-            elif (k := gate.plan(src.name, k_max, passes(src)) if gate else k_max) > 0:
+            elif (k := gate.plan(src.name, k_max, src.lead_passes()) if gate else k_max) > 0:
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)
                 if prop and prop.tokens and gate:
@@ -159,11 +157,6 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             raise
     return Result(out, last, counters.forwards, t1 - t0, time.perf_counter() - t1,
                   counters.drafted, counters.accepted, counters)
-
-
-def passes(src) -> int:
-    """The passes of its own a source needs to its first draft (0: free)."""
-    return src.lead_passes() if hasattr(src, "lead_passes") else 0
 
 
 def choose(proposals, gate):

@@ -10,7 +10,7 @@ draft is the reference token + 1 (mod the vocabulary).
 
 from __future__ import annotations
 
-from .lookup import Proposal
+from .source import Proposal
 
 MODES = ("accept", "reject", "mixed", "cycle")
 
@@ -34,7 +34,7 @@ class ForcedDrafts:
     def __init__(self, inner, mode: str, reference: list[int], vocab_size: int):
         wrong_rows(mode, 0, 1)                      # validates the mode
         self.inner, self.mode, self.ref, self.vocab = inner, mode, reference, vocab_size
-        self.name = inner.name
+        self.name, self.free = inner.name, inner.free
         self.verifies = 0
 
     def begin(self, model, state, prompt, fed=0):
@@ -45,12 +45,13 @@ class ForcedDrafts:
         self.inner.observe(tokens, hidden, start_pos)
 
     def prefilled(self):
-        if hasattr(self.inner, "prefilled"):
-            self.inner.prefilled()
+        self.inner.prefilled()
 
     def picked(self, tok):
-        if hasattr(self.inner, "picked"):
-            self.inner.picked(tok)
+        self.inner.picked(tok)
+
+    def lead_passes(self) -> int:
+        return self.inner.lead_passes()
 
     def checkpoint(self):
         return self.verifies, self.inner.checkpoint()

@@ -18,26 +18,7 @@ accepted runs; free text gives few proposals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-
-@dataclass
-class Proposal:
-    """Drafts after the last pick, and (optionally) the source's own
-    probability of each (the per-step confidence)."""
-    source: str
-    tokens: list[int]
-    probs: list[float] | None = None
-    seconds: float = 0.0          # time spent writing drafts past the first
-    lead: float | None = None     # time spent writing the first draft (None: not measured)
-    passes: int = 1               # the source's passes in that time
-    extra: dict = field(default_factory=dict)
-    kind: str = ""                # a class the gate measures apart ("copy" for lookup)
-
-    @property
-    def key(self) -> str:
-        """The gate's name for this proposal's acceptance statistics."""
-        return f"{self.source}/{self.kind}" if self.kind else self.source
+from .source import Proposal
 
 
 class PromptLookup:
@@ -54,6 +35,15 @@ class PromptLookup:
 
     def observe(self, tokens, hidden, start_pos):
         pass
+
+    def prefilled(self):
+        pass
+
+    def picked(self, tok: int):
+        pass
+
+    def lead_passes(self) -> int:
+        return 0
 
     def checkpoint(self):
         return self.offset

@@ -16,12 +16,13 @@ import time
 
 import numpy as np
 
-from .lookup import Proposal
+from .source import Proposal
 from .vocab import DraftVocab
 
 
 class MtpDrafts:
     name = "mtp"
+    free = False
 
     def __init__(self, model, vocab: DraftVocab | None = None):
         if not model.has_mtp:

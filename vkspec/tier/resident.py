@@ -23,6 +23,7 @@ import numpy as np
 from ..backends.cpu import ops as cpu
 from ..backends.vulkan.memory import DevWeight
 from ..errors import VkspecError
+from ..shaders.push import Fill
 from .history import History
 from .policy import Placement, split_slots
 
@@ -59,26 +60,28 @@ class TierStats:
 
 
 class ExpertTier:
-    def __init__(self, chain, cfg: TierConfig):
-        self.chain, self.cfg = chain, cfg
-        c = chain.cfg
+    def __init__(self, layout, cfg: TierConfig):
+        from ..backends.vulkan.layout import MAX_ROWS
+        self.lay, self.cfg = layout, cfg
+        c = layout.cfg
         self.E, self.k = c.num_experts, max(c.num_experts_per_tok, 1)
-        # trunk MoE layers: (index in chain.fused, ordinal)
-        self.layer_ids = [i for i, lw in enumerate(chain.w.layers) if c.is_moe_layer(i)]
+        # trunk MoE layers: (index in layout.host, ordinal)
+        self.layer_ids = [i for i, lw in enumerate(layout.w.layers) if c.is_moe_layer(i)]
         self.n_layers = len(self.layer_ids)
         if not self.n_layers:
             raise VkspecError("--tier-gb needs a model with routed experts")
         self.history = History(self.n_layers, self.E)
         if cfg.history and Path(cfg.history).exists():
             self.history = History.load(Path(cfg.history), self.n_layers, self.E)
-        f0 = chain.fused[self.layer_ids[0]][2]
+        f0 = layout.host[self.layer_ids[0]].ffn.parts()
         self.expert_bytes = sum(int(f0[p].data.nbytes + f0[p].scales.nbytes) // self.E for p in PARTS)
         total = int(cfg.budget_gb * (1 << 30)) // self.expert_bytes if self.expert_bytes else 0
         self.caps = split_slots(total, self.history.counts, self.E, cfg.balance)
         self.placement = Placement(self.caps, self.E, cfg.rate)
-        self.extra = self.k * chain.max_rows if cfg.stream else 0    # stream slots per layer
+        self.extra = self.k * MAX_ROWS if cfg.stream else 0    # stream slots per layer
+        self.max_rows = MAX_ROWS
         self.reset_stats()
-        self.layers: dict[int, dict] = {}        # ordinal -> L of the chain
+        self.layers: dict[int, object] = {}      # ordinal -> the layer's Ffn on the device
         self._staging = None
         self._algos: dict = {}
         self._streamed: set[int] = set()
@@ -90,44 +93,45 @@ class ExpertTier:
     def holds(self, i: int, part: str) -> bool:
         return i in self.layer_ids and part in PARTS
 
-    def holds_layer(self, L) -> bool:
+    def holds_layer(self, ffn) -> bool:
         """Does this layer need the host between its routing and its experts?"""
-        o = L.get("tier_ord")
+        o = ffn.tier_ord
         return o is not None and (self.caps[o] < self.E or self.cfg.stream)
 
     def slots(self, i: int) -> int:
         return max(1, self.caps[self.layer_ids.index(i)] + self.extra)
 
-    def plan_items(self, i: int, part: str):
-        q = self.chain.fused[i][2][part]
-        n = self.slots(i)
-        return [(f"experts:layer{i}.{part}", int(q.data.nbytes) // self.E * n),
-                (f"experts:layer{i}.{part}.scales", max(int(q.scales.nbytes) // self.E * n, 4))]
-
-    def staging_items(self):
-        """The host-visible buffer uploads go through: the largest batch of a forward."""
+    def staging_words(self) -> int:
+        """The host-visible buffer uploads go through: the largest batch of a
+        forward (0: nothing is ever uploaded)."""
         if not any(self.caps) and not self.extra:
-            return []                                  # nothing is ever uploaded
-        per = max(self.cfg.rate, self.extra)
-        return [("experts:staging", max(per * self.expert_bytes, 4))]
+            return 0
+        return max(max(self.cfg.rate, self.extra) * self.expert_bytes, 4) // 4
+
+    def plan_staging(self, up):
+        if self.staging_words():
+            up.zeros("experts:staging", self.staging_words(), np.uint32, "device")
 
     # --- building ---------------------------------------------------------------------
-    def build_layer(self, i: int, L):
-        o = self.layer_ids.index(i)
-        L["tier_ord"] = o
-        self.layers[o] = L
-        up, n = self.chain.up, self.slots(i)
+    def build_layer(self, up, i: int, ffn):
+        """The slots of layer i's experts, in place of its whole expert weights."""
+        ffn.tier_ord = self.layer_ids.index(i)
+        n = self.slots(i)
         for part in PARTS:
-            q = self.chain.fused[i][2][part]
+            q = self.lay.host[i].ffn.parts()[part]
             rows = q.rows // self.E
             words = int(q.data.shape[1])
             spr = int(q.scales.size // q.rows) if q.scales.size else 0
-            L["ffn"][part] = DevWeight(q.fmt, rows * n, q.cols_p, q.variant,
-                                       up.zeros(rows * n * words, np.uint32),
-                                       up.zeros(max(rows * n * spr, 1), np.float32), words, spr)
-        L["smap"].data()[:] = NO_SLOT
+            setattr(ffn, part, DevWeight(q.fmt, rows * n, q.cols_p, q.variant,
+                                         up.zeros(f"experts:layer{i}.{part}", rows * n * words, np.uint32),
+                                         up.zeros(f"experts:layer{i}.{part}.scales", max(rows * n * spr, 1),
+                                                  np.float32), words, spr))
+        if ffn.smap is not None:
+            ffn.smap.data()[:] = NO_SLOT
 
-    def start(self):
+    def start(self, dev, up, buffers):
+        self.dev, self.up, self.b = dev, up, buffers
+        self.layers = {L.ffn.tier_ord: L.ffn for L in buffers.layers if L.ffn.tier_ord is not None}
         self._upload(self.placement.initial(self.history.counts))
         for o in self.layers:
             self._set_map(o)
@@ -139,9 +143,9 @@ class ExpertTier:
         i = self.layer_ids[o]
         out = []
         for part in PARTS:
-            q = self.chain.fused[i][2][part]
+            q = self.lay.host[i].ffn.parts()[part]
             rows = q.rows // self.E
-            dw = self.layers[o]["ffn"][part]
+            dw = getattr(self.layers[o], part)
             out.append((dw.data, np.ascontiguousarray(q.data[e * rows:(e + 1) * rows]).view(np.uint32).ravel(),
                         rows * dw.words_per_row))
             if q.scales.size:
@@ -161,15 +165,14 @@ class ExpertTier:
             return
         from ..backends.vulkan.device import load_shader
         t0 = time.perf_counter()
-        dev, kp = self.chain.dev, self.chain.kp
+        dev, kp = self.dev, self.dev.kp
         pieces = [(dst, words, slot * per) for o, slot, e in moves
                   for dst, words, per in self._expert_words(o, e)]
         need = sum(w.size for _, w, _ in pieces)
         if self._staging is None or self._staging.size() < need:
             if self._staging is not None:
-                self.chain.up.release(self._staging)
-            size = max(need, self.staging_items()[0][1] // 4)
-            self._staging = self.chain.up.zeros(size, np.uint32, "device")
+                self.up.release(self._staging)
+            self._staging = self.up.zeros("experts:staging", max(need, self.staging_words()), np.uint32, "device")
             self._algos = {}
         buf, copy = self._staging.data(), load_shader("fill", "copy")
         seq = dev.sequence()
@@ -180,7 +183,7 @@ class ExpertTier:
             if id(dst) not in self._algos:
                 self._algos[id(dst)] = dev.record_fill(dev.sequence(), self._staging, dst, words.size)
             seq.record(kp.OpAlgoDispatch(self._algos[id(dst)],
-                                         copy.pack(dict(n=words.size, x_off=off, y_off=dst_off))))
+                                         copy.pack(Fill(n=words.size, x_off=off, y_off=dst_off))))
             off += words.size
         seq.eval()
         self.stats.uploads += len(moves)
@@ -189,30 +192,30 @@ class ExpertTier:
     def _set_map(self, o: int, extra: dict | None = None):
         """The expert -> slot map the shaders read: the resident experts (and
         this forward's streamed ones)."""
-        smap = self.layers[o]["smap"].data()
+        smap = self.layers[o].smap.data()
         smap[:] = NO_SLOT
         for e, sl in {**self.placement.resident(o), **(extra or {})}.items():
             smap[e] = sl
-        self.chain.dev.upload(self.layers[o]["smap"])
+        self.dev.upload(self.layers[o].smap)
 
     # --- a forward --------------------------------------------------------------------
-    def host_step(self, L, n: int):
-        o, k = L["tier_ord"], self.k
+    def host_step(self, ffn, n: int):
+        o, k = ffn.tier_ord, self.k
 
         def run():
             t0 = time.perf_counter()
-            s = self.chain.s
-            off = L["moe_i"] * self.chain.max_rows * k
-            idx = s["ridx"].data()[off:off + n * k].astype(np.int64)
-            smap = L["smap"].data()
+            s = self.b.scratch
+            off = ffn.moe_i * self.max_rows * k
+            idx = s.ridx.data()[off:off + n * k].astype(np.int64)
+            smap = ffn.smap.data()
             missing = [p for p in range(n * k) if smap[idx[p]] == NO_SLOT]
             if missing and self.cfg.stream:
                 self._stream(o, sorted({int(idx[p]) for p in missing}))
             elif missing:
-                H, Hp = self.chain.cfg.hidden_size, self.chain._dims()["Hp"]
-                h = s["h"].data()[:n * Hp].reshape(n, Hp)[:, :H]
-                ed = s["ed"].data()
-                experts = self.chain.w.layers[self.layer_ids[o]].ffn.experts
+                H, Hp = self.lay.dims.H, self.lay.dims.Hp
+                h = s.h.data()[:n * Hp].reshape(n, Hp)[:, :H]
+                ed = s.ed.data()
+                experts = self.lay.w.layers[self.layer_ids[o]].ffn.experts
                 for p in missing:
                     w = experts[int(idx[p])]
                     x = h[p // k]
@@ -232,10 +235,10 @@ class ExpertTier:
 
     def after_forward(self, n: int):
         """Count the routing of every row, restore stream maps, take this forward's uploads."""
-        s, k = self.chain.s, self.k
-        ridx = s["ridx"].data()
-        for o, L in self.layers.items():
-            off = L["moe_i"] * self.chain.max_rows * k
+        k = self.k
+        ridx = self.b.scratch.ridx.data()
+        for o, ffn in self.layers.items():
+            off = ffn.moe_i * self.max_rows * k
             idx = ridx[off:off + n * k].astype(np.int64)
             res = self.placement.resident(o)
             hits = sum(int(e) in res for e in idx)

@@ -1,20 +1,22 @@
 """The exact transcendentals and row reductions compiled by numba: the float32
 operations of vkspec.exact, in its order, one element at a time.
 
-Why: exact.py builds exp, recip and rsqrt from a dozen NumPy passes over
-bit patterns. On a model as small as the trained hybrid each call costs
-~50 us of fixed overhead whatever its size, so a decoding step spent most of
-its time there (sigmoid, silu and RMSNorm are called per layer and, in the
-MoE, per expert). The MTP head, which is one layer with seven RMSNorms,
-paid that overhead in full.
+Why: exact.py runs each formula as a dozen NumPy passes over whole arrays. On
+a model as small as the trained hybrid each call costs ~50 us of fixed
+overhead whatever its size, so a decoding step spent most of its time there
+(sigmoid, silu and RMSNorm are called per layer and, in the MoE, per expert).
 
-Why it is still exact: the same rules as cpu_jit (no fast-math, so no
-reassociation, no contraction into fused multiply-adds, denormals kept).
-Where exact.py computes a value for every element and then picks one with
-np.where, this computes only the value it picks. ``test_exact_core`` holds
-every function here to exact.py bit for bit over edge values, denormals and
-millions of random bit patterns, and checks the machine code for fused
-multiply-adds.
+One source: the scalar functions here are exact.py's own formulas (``_exp``,
+``_log``, ...) compiled by numba. exact.py writes them with three primitives
+(``bits``, ``from_bits``, ``select``) that NumPy runs on arrays; this module
+gives numba scalar versions of those (a bit cast, a branch) and registers
+the formulas, so nothing is copied by hand.
+
+Why it is still exact: no fast-math, so LLVM neither reassociates nor
+contracts into fused multiply-adds, and denormals are kept.
+``test_exact_core`` holds every function here to exact.py bit for bit over
+edge values, denormals and millions of random bit patterns, and checks the
+machine code for fused multiply-adds.
 """
 
 from __future__ import annotations
@@ -22,27 +24,19 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload, register_jitable
 
 from ... import exact
 from . import jit
 from .jit_dot import dot
 
-F, U = np.float32, np.uint32
-_LO, _HI, _LOG2E = exact._EXP_LO, exact._EXP_HI, exact._LOG2E
-_LN2_HI, _LN2_LO, _SQRTHF = exact._LN2_HI, exact._LN2_LO, exact._SQRTHF
-_RCP_A, _RCP_B, _TWO24 = exact._RCP_A, exact._RCP_B, exact._TWO24
-_SOFTPLUS_THRESHOLD = exact._SOFTPLUS_THRESHOLD
-_EXP_P0, _EXP_P = exact._EXP_P[0], tuple(exact._EXP_P[1:])
-_LOG_P0, _LOG_P = exact._LOG_P[0], tuple(exact._LOG_P[1:])
-_ONE, _HALF, _ZERO = F(1.0), F(0.5), F(0.0)
-_INF, _NAN = F(np.inf), F(np.nan)
-_MAGIC = exact._RSQRT_MAGIC
-_JIT = dict(inline="always", boundscheck=False, error_model="numpy")
+F = np.float32
+_ONE, _ZERO = exact.ONE, exact.ZERO
+_JIT = dict(boundscheck=False, error_model="numpy")
 
 
 @intrinsic
-def _bits(typingctx, x):
+def _bitcast_f2u(typingctx, x):
     if x != types.float32:
         return None
 
@@ -52,7 +46,7 @@ def _bits(typingctx, x):
 
 
 @intrinsic
-def _from_bits(typingctx, b):
+def _bitcast_u2f(typingctx, b):
     if b != types.uint32:
         return None
 
@@ -61,138 +55,43 @@ def _from_bits(typingctx, b):
     return types.float32(types.uint32), codegen
 
 
-@njit(**_JIT)
-def _pow2(e):
-    return _from_bits(U((e + 127) << 23))
+@intrinsic
+def _select3(typingctx, c, a, b):
+    """LLVM's select: both values computed, one taken (no branch)."""
+    t = typingctx.unify_types(a, b)
+    if c != types.boolean or t is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[1], sig.args[1], t)
+        y = context.cast(builder, args[2], sig.args[2], t)
+        return builder.select(args[0], x, y)
+    return t(c, a, b), codegen
 
 
-@njit(**_JIT)
-def _scale(y, e):
-    e1 = e >> 1
-    return (y * _pow2(e1)) * _pow2(e - e1)
+@overload(exact.bits)
+def _bits(x):
+    if x == types.float32:
+        return lambda x: _bitcast_f2u(x)
 
 
-@njit(**_JIT)
-def _unsubnormal(a):
-    b = _bits(a)
-    if (b & U(0x7F800000)) == U(0) and (b & U(0x007FFFFF)) != U(0):
-        return a * _TWO24, 24
-    return a, 0
+@overload(exact.from_bits)
+def _from_bits(b):
+    if isinstance(b, types.Integer):
+        return lambda b: _bitcast_u2f(np.uint32(b))
 
 
-@njit(**_JIT)
-def exp1(x):
-    if x != x:
-        return x
-    xc = min(max(x, _LO), _HI)
-    n = F(np.floor(xc * _LOG2E + _HALF))
-    r = xc - n * _LN2_HI
-    r = r - n * _LN2_LO
-    p = _EXP_P0
-    for c in _EXP_P:
-        p = p * r + c
-    p = (p * (r * r) + r) + _ONE
-    return _scale(p, np.int64(n))
+@overload(exact.select)
+def _select(c, a, b):
+    return lambda c, a, b: _select3(c, a, b)
 
 
-@njit(**_JIT)
-def log1(x):
-    if x != x:
-        return x
-    b0 = _bits(x)
-    if (b0 & U(0x7FFFFFFF)) == U(0):
-        return -_INF
-    if b0 == U(0x7F800000):
-        return _INF
-    if (b0 >> U(31)) == U(1):
-        return _NAN
-    xn, k = _unsubnormal(x)
-    b = _bits(xn)
-    e = np.int64(b >> U(23)) - 126 - k
-    m = _from_bits(U((b & U(0x007FFFFF)) | U(0x3F000000)))
-    if m < _SQRTHF:
-        e = e - 1
-        m = (m + m) - _ONE
-    else:
-        m = m - _ONE
-    z = m * m
-    y = _LOG_P0
-    for c in _LOG_P:
-        y = y * m + c
-    y = (y * m) * z
-    fe = F(e)
-    y = y + fe * _LN2_LO
-    y = y + z * F(-0.5)
-    r = m + y
-    return r + fe * _LN2_HI
+for _f in exact.FORMULAS:
+    register_jitable(_f)
 
-
-@njit(**_JIT)
-def recip1(a):
-    if a != a:
-        return a
-    an, k = _unsubnormal(a)
-    b = _bits(an)
-    e = np.int64((b >> U(23)) & U(0xFF))
-    if (b & U(0x7FFFFFFF)) == U(0):
-        r = _INF
-    elif e == 255:
-        r = _ZERO
-    else:
-        m = _from_bits(U((b & U(0x007FFFFF)) | U(0x3F000000)))
-        y = _RCP_A - _RCP_B * m
-        for _ in range(3):
-            y = y + y * (_ONE - m * y)
-        r = _scale(y, 126 - e + k)
-    return _from_bits(U(_bits(r) | (b & U(0x80000000))))
-
-
-@njit(**_JIT)
-def rsqrt1(a):
-    if a != a:
-        return a
-    b0 = _bits(a)
-    if (b0 & U(0x7FFFFFFF)) == U(0):
-        return _INF
-    if (b0 >> U(31)) == U(1):
-        return _NAN
-    if b0 == U(0x7F800000):
-        return _ZERO
-    an, k = _unsubnormal(a)
-    b = _bits(an)
-    y = _from_bits(U(_MAGIC - np.int64(b >> U(1))))
-    for _ in range(3):
-        t = (an * y) * y
-        y = y + y * (_HALF - _HALF * t)
-    return y * _pow2(k >> 1)
-
-
-@njit(**_JIT)
-def sigmoid1(x):
-    return recip1(_ONE + exp1(-x))
-
-
-@njit(**_JIT)
-def silu1(x):
-    return x * sigmoid1(x)
-
-
-@njit(**_JIT)
-def log1p1(u):
-    w = _ONE + u
-    if w == _ONE:
-        return u
-    return log1(w) * (u * recip1(w - _ONE))
-
-
-@njit(**_JIT)
-def softplus1(x):
-    if x > _SOFTPLUS_THRESHOLD:
-        return x
-    mx = x if x >= _ZERO else _ZERO        # np.maximum: NaN and -0 stay x
-    if x != x:
-        mx = x
-    return mx + log1p1(exp1(-abs(x)))
+exp1, log1, recip1, rsqrt1 = (njit(**_JIT)(f) for f in (exact._exp, exact._log, exact._recip, exact._rsqrt))
+sigmoid1, silu1, softplus1, log1p1 = (njit(**_JIT)(f) for f in (exact._sigmoid, exact._silu, exact._softplus,
+                                                                exact._log1p))
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)

@@ -108,12 +108,13 @@ class CpuModel:
             a = self.deltanet(lw.mixer, h, s1, s2, kept)
         x = x + a
         h = ops.rmsnorm(x, lw.post_norm, eps)
-        m = self.moe(lw.ffn, h) if isinstance(lw.ffn, MoeW) else self.mlp(lw.ffn, h)
-        return x + m
+        if isinstance(lw.ffn, MoeW):
+            return self.moe(lw.ffn, h, x)
+        return x + self.mlp(lw.ffn, h)
 
     def attention(self, w: AttnW, h, pos, kcache, vcache):
         c = self.cfg
-        n, nh, nkv, hd = h.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        n, nh, hd = h.shape[0], c.num_attention_heads, c.head_dim
         q = ops.gemv(w.q, h)
         if w.gated:
             q = q.reshape(n, nh, 2 * hd)
@@ -135,8 +136,9 @@ class CpuModel:
         k = ops.gemv(w.k, h).reshape(n, nkv, hd)
         if w.k_norm is not None:
             k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
-        kcache[pos] = ops.rope(k, self.cos[pos], self.sin[pos])
-        vcache[pos] = ops.gemv(w.v, h).reshape(n, nkv, hd)
+        ops.rope(k, self.cos[pos], self.sin[pos], cache=kcache, pos=pos)
+        none = self.cos[pos][:, :0]                 # rot 0: the values enter the cache as they are
+        ops.rope(ops.gemv(w.v, h).reshape(n, nkv, hd), none, none, cache=vcache, pos=pos)
 
     def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg
@@ -159,20 +161,20 @@ class CpuModel:
             kept[i][1].append(snaps[i])
         ring[:] = window[n:]
         z = qkvz[:, cd:].reshape(n, nv, dv)
-        o = ops.rmsnorm_gated(out, w.norm, z, c.rms_norm_eps).reshape(n, nv * dv)
+        o = ops.rmsnorm(out, w.norm, c.rms_norm_eps, z=z).reshape(n, nv * dv)
         return ops.gemv(w.out, o)
 
     def mlp(self, w: MlpW, h):
         return ops.gemv(w.down, ops.silu_mul(ops.gemv(w.gate, h), ops.gemv(w.up, h)))
 
-    def moe(self, w: MoeW, h):
+    def moe(self, w: MoeW, h, x):
+        """x plus the routed experts' and the shared expert's outputs."""
         c = self.cfg
-        probs = ops.softmax(ops.gemv(w.router, h))
-        idx, wt = ops.route(probs, c.num_experts_per_tok, c.norm_topk_prob)     # (n, k) each
-        ys = ops.expert_mlps(w, h, idx)                                          # (n, k, H)
+        idx, wt = ops.route(ops.gemv(w.router, h), c.num_experts_per_tok, c.norm_topk_prob)   # (n, k) each
+        ys = ops.expert_mlps(w, h, idx)                                                      # (n, k, H)
         if w.shared is None:
-            return ops.moe_combine(ys, wt)
-        return ops.moe_combine(ys, wt, self.mlp(w.shared, h), ops.gemv(w.shared_gate, h)[:, 0])
+            return ops.moe_combine(x, ys, wt)
+        return ops.moe_combine(x, ys, wt, self.mlp(w.shared, h), ops.gemv(w.shared_gate, h)[:, 0])
 
     def rewind(self, st: HostState, keep: int):
         """Keep rows 0..keep-1 of the last block (0: none, the state before it):

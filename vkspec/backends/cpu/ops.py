@@ -1,5 +1,12 @@
-"""The NumPy backend: each function is the executable definition of the shader
-of the same name (gemv <-> gemv.comp, ...), built only from vkspec.exact."""
+"""The NumPy backend's ops: each is the executable definition of the shader of
+the same name (gemv <-> gemv.comp; a shader's variants are one function, or
+``<shader>_<variant>`` where they are separate steps: deltanet_prep <->
+deltanet.comp's prep), built only from vkspec.exact. tests/test_twins.py
+holds every shader to a function here.
+
+The helpers below the twins (expert_mlps, attend_row, vecmats, l2norm,
+deltanet_step) are pieces of those definitions, not shaders of their own.
+"""
 
 from __future__ import annotations
 
@@ -56,23 +63,22 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     return out
 
 
-def moe_combine(ys, wts, shared=None, shared_logit=None) -> np.ndarray:
-    """Per row: sum_j ys[j] * wts[j] in routing order from +0, plus
-    sigmoid(logit) * shared. ys (n, k, H), wts (n, k), shared (n, H)."""
+def moe_combine(x, ys, wts, shared=None, shared_logit=None) -> np.ndarray:
+    """The residual x plus, per row, sum_j ys[j] * wts[j] in routing order
+    from +0, plus sigmoid(logit) * shared. ys (n, k, H), wts (n, k), shared (n, H)."""
     acc = np.zeros(ys[:, 0].shape, f32)
     for j in range(ys.shape[1]):
         acc = acc + ys[:, j] * wts[:, j, None]
     if shared is not None:
         acc = acc + _m().sigmoid(shared_logit)[:, None] * shared
-    return acc
+    return x + acc
 
 
-def rmsnorm(x, w, eps: float) -> np.ndarray:
-    return _m().rmsnorm(x, w, eps)
-
-
-def rmsnorm_gated(x, w, z, eps: float) -> np.ndarray:
-    """((x * rsqrt(mean(x*x) + eps)) * w) * silu(z): linear_attn.norm (plain w)."""
+def rmsnorm(x, w, eps: float, z=None) -> np.ndarray:
+    """(x * rsqrt(mean(x*x) + eps)) * w; times silu(z) with z (the gated
+    variant: linear_attn.norm, plain w)."""
+    if z is None:
+        return _m().rmsnorm(x, w, eps)
     if jit.enabled():
         return jit_math.rmsnorm(x, w, eps, z)
     return exact.rmsnorm(x, w, eps) * exact.silu(z)
@@ -85,15 +91,18 @@ def l2norm(x, eps: float = 1e-6) -> np.ndarray:
     return x * exact.rsqrt(exact.dot(x, x) + f32(eps))[..., None]
 
 
-def rope(x, cos, sin) -> np.ndarray:
+def rope(x, cos, sin, cache=None, pos=None) -> np.ndarray:
     """Rotate the first rotary_dim features of each head: x*cos + rotate_half(x)*sin.
-    x (n, heads, hd); cos, sin (n, rotary_dim)."""
+    x (n, heads, hd); cos, sin (n, rotary_dim), rotary_dim 0 for none. With a
+    cache (the cache variant) row r is written to cache[pos[r]] (the KV store)."""
     rd = cos.shape[-1]
     rot = x[..., :rd]
     half = rd // 2
     rh = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
     out = x.copy()
     out[..., :rd] = rot * cos[:, None, :] + rh * sin[:, None, :]
+    if cache is not None:
+        cache[pos] = out
     return out
 
 
@@ -191,9 +200,11 @@ def deltanet_scan(S, q, k, v, beta, decay, keep: int = 0):
     return out, snaps
 
 
-def route(probs, k: int, normalize: bool):
-    """Top-k experts of each row of probs (n, E), ties to the lower index, and
-    their weights, renormalised if asked: (idx (n, k), weights (n, k))."""
+def route(logits, k: int, normalize: bool):
+    """Softmax over each row of router logits (n, E), its top-k experts (ties to
+    the lower index) and their weights, renormalised if asked:
+    (idx (n, k), weights (n, k))."""
+    probs = softmax(logits)
     idx = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
     top = np.take_along_axis(probs, idx, axis=-1)
     if normalize:

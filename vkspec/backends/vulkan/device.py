@@ -5,8 +5,8 @@ handled once:
 
 * kp takes the push-constant dtype from the spec-constant array's dtype, so
   every algorithm gets empty uint32 spec constants and uint32 push constants;
-  :class:`Shader` packs a dict of named values into the shader's own
-  ``layout(push_constant)`` block, parsed from the GLSL, field for field.
+  :meth:`Shader.pack` writes a shader's push struct (vkspec/shaders/push.py,
+  checked against the SPIR-V at build time) into those words.
 * The patched kp (ci/kompute) records a global barrier before every dispatch
   and copy, so a recorded sequence of dependent dispatches is hazard-free.
 """
@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ...shaders import push as push_structs
+from ...shaders.spirv import Reflection, reflect
+
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
-_PUSH = re.compile(r"layout\s*\(\s*push_constant\s*\)\s*uniform\s+\w+\s*\{(.*?)\}", re.S)
-_FIELD = re.compile(r"^\s*(uint|int|float)\s+(\w+)\s*;", re.M)
 
 
 class DeviceError(RuntimeError):
@@ -40,28 +40,19 @@ def _import_kp():
 
 @dataclass(frozen=True)
 class Shader:
-    """One compiled variant of one .comp file and its push-constant layout."""
+    """One compiled variant of one .comp file and what it declares."""
+    stem: str
     name: str
     spirv: bytes
-    fields: tuple[tuple[str, str], ...]   # (type, name) in block order
+    reflection: Reflection
 
-    def pack(self, values: dict) -> np.ndarray:
-        names = [n for _, n in self.fields]
-        unknown = set(values) - set(names)
-        if unknown:
-            raise KeyError(f"{self.name}: no push constant {sorted(unknown)}")
-        out = np.zeros(len(self.fields), dtype=np.uint32)
-        for i, (typ, name) in enumerate(self.fields):
-            v = values.get(name, 0)
-            if typ == "float":
-                out[i] = np.array(v, dtype=np.float32).view(np.uint32)
-            elif typ == "int":
-                out[i] = np.array(v, dtype=np.int32).view(np.uint32)
-            else:
-                if v < 0:
-                    raise ValueError(f"{self.name}.{name} is uint, got {v}")
-                out[i] = v
-        return out
+    def pack(self, value) -> np.ndarray:
+        """A push struct (vkspec.shaders.push) as the uint32 words kp pushes."""
+        want = push_structs.PUSH.get(self.stem)
+        if type(value) is not want:
+            raise TypeError(f"{self.name} takes {want.__name__ if want else 'no push constants'}, "
+                            f"got {type(value).__name__}")
+        return np.frombuffer(push_structs.pack(value), dtype=np.uint32).copy()
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,10 +67,8 @@ def load_shader(stem: str, variant: str | None = None) -> Shader:
     path = SHADER_DIR / name
     if not path.exists():
         raise DeviceError(f"shader {name} is missing: reinstall vkspec (the build compiles shaders)")
-    text = src.read_text() if src.exists() else ""
-    m = _PUSH.search(text)
-    fields = tuple(_FIELD.findall(m.group(1))) if m else ()
-    return Shader(name, path.read_bytes(), fields)
+    code = path.read_bytes()
+    return Shader(stem, name, code, reflect(code))
 
 
 class Device:
@@ -143,7 +132,7 @@ class Device:
         groups = -(-n // 64)
         wg = (min(groups, 65535), -(-groups // 65535), 1)
         algo = self.algorithm(shader, [dst if src is None else src, dst], wg,
-                              dict(n=n, x_off=src_off, y_off=dst_off))
+                              push_structs.Fill(n=n, x_off=src_off, y_off=dst_off))
         seq.record(self.kp.OpAlgoDispatch(algo))
         return algo
 
@@ -171,15 +160,15 @@ class Device:
         src.destroy()
 
     # --- algorithms ------------------------------------------------------
-    def algorithm(self, shader: Shader, tensors, groups: int | tuple, push: dict | None = None):
+    def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None):
+        """A kp algorithm: ``tensors`` in binding order (as many as the shader
+        declares), ``push`` the shader's push struct (None: it has none)."""
+        bound = len(shader.reflection.buffers)
+        if len(tensors) != bound:
+            raise ValueError(f"{shader.name} binds {bound} buffers, got {len(tensors)}")
         wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)
-        return self.mgr.algorithm(list(tensors), shader.spirv, wg,
-                                  np.zeros(0, dtype=np.uint32), shader.pack(push or {}))
-
-    def dispatch(self, algo, push: np.ndarray | None = None):
-        if push is None:
-            return self.kp.OpAlgoDispatch(algo)
-        return self.kp.OpAlgoDispatch(algo, push)
+        words = shader.pack(push) if push is not None else np.zeros(0, dtype=np.uint32)
+        return self.mgr.algorithm(list(tensors), shader.spirv, wg, np.zeros(0, dtype=np.uint32), words)
 
     def sequence(self):
         return self.mgr.sequence()

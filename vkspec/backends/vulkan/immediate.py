@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats.quant import QWeight
+from ...shaders import push as P
 from .device import get_device, load_shader
 
 
@@ -31,7 +32,7 @@ class VulkanOps:
         algo = dev.algorithm(shader, ins + outs, groups, push)
         seq = dev.sequence()
         seq.record(dev.kp.OpTensorSyncDevice(ins + outs))
-        seq.record(dev.dispatch(algo))
+        seq.record(dev.kp.OpAlgoDispatch(algo))
         seq.record(dev.kp.OpTensorSyncLocal(outs))
         seq.eval()
         return [t.data().copy().reshape(a.shape) for t, a in zip(outs, outputs)]
@@ -44,7 +45,7 @@ class VulkanOps:
         if not 1 <= n <= 8:
             raise ValueError(f"gemv takes 1 to 8 rows, got {n}")
         scales = w.scales if w.scales.size else np.zeros(1, np.float32)
-        push = dict(rows=w.rows, cols=w.cols_p, nvec=n, x_stride=w.cols_p, y_stride=w.rows)
+        push = P.Gemv(rows=w.rows, cols=w.cols_p, nvec=n, x_stride=w.cols_p, y_stride=w.rows)
         (y,) = self._run(load_shader("gemv", w.variant), [w.data, scales, x2],
                          [np.zeros((n, w.rows), np.float32)], -(-w.rows // 64), push)
         return y[0] if single else y
@@ -52,7 +53,7 @@ class VulkanOps:
     def rmsnorm(self, x, w, eps: float) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
-        push = dict(rows=rows, n=n, group=1, x_stride=n, y_stride=n, eps=eps, inv_n=np.float32(1.0 / n))
+        push = P.Rmsnorm(rows=rows, n=n, x_stride=n, y_stride=n, eps=eps, inv_n=np.float32(1.0 / n))
         (y,) = self._run(load_shader("rmsnorm", "plain"), [x, np.asarray(w, np.float32)],
                          [np.zeros_like(x)], -(-rows // 64), push)
         return y
@@ -60,7 +61,7 @@ class VulkanOps:
     def softmax(self, x) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
-        push = dict(rows=rows, n=n, x_stride=n, y_stride=n)
+        push = P.Softmax(rows=rows, n=n, x_stride=n, y_stride=n)
         (y,) = self._run(load_shader("softmax"), [x], [np.zeros_like(x)], -(-rows // 64), push)
         return y
 
@@ -68,11 +69,11 @@ class VulkanOps:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
         (y,) = self._run(load_shader("argmax"), [x], [np.zeros(rows, np.uint32)],
-                         -(-rows // 64), dict(rows=rows, n=n, x_stride=n))
+                         -(-rows // 64), P.Argmax(rows=rows, n=n, x_stride=n))
         return y
 
     def core_eval(self, x, op: int) -> np.ndarray:
         x = np.asarray(x, np.float32).ravel()
         (y,) = self._run(load_shader("core_eval"), [x], [np.zeros_like(x)],
-                         -(-x.size // 64), dict(n=x.size, op=op))
+                         -(-x.size // 64), P.CoreEval(n=x.size, op=op))
         return y

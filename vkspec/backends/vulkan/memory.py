@@ -1,8 +1,10 @@
-"""Device memory for the dense chain: the plan, the budget, resident weights.
+"""Device memory for the dense chain: the plan, the budget, named allocations.
 
-Every tensor the chain will create is listed (name, bytes) before the first
-one is made, so a model that does not fit the budget or a device limit fails
-with one line and nothing half-built.
+Every tensor the chain makes goes through an :class:`Uploader` under a name.
+The memory plan is the same allocation code run against an uploader that
+only counts (:meth:`Uploader.dry`), so the plan cannot drift from what is
+allocated, and a model that does not fit the budget or a device limit fails
+with one line before the first tensor is made.
 
 Limits kp cannot query: the largest storage buffer (Vulkan guarantees 128 MiB,
 Lavapipe reports exactly that; VKSPEC_MAX_BUFFER_MB overrides it) and the
@@ -50,13 +52,6 @@ class Plan:
             raise VkspecError(f"{what} needs {self.total / 2**30:.3f} GiB of device memory, over "
                               f"the budget of {budget / 2**30:.3f} GiB (--device-gb / VKSPEC_DEVICE_GB)")
 
-    def by_kind(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name, b in self.items:
-            k = name.split(":")[0]
-            out[k] = out.get(k, 0) + b
-        return out
-
 
 def qcat(ws: list[QWeight]) -> QWeight:
     """Row-concatenate weights of one format and width: one GEMV for several
@@ -81,18 +76,28 @@ class DevWeight:
     scales_per_row: int
 
 
-def weight_bytes(w: QWeight) -> tuple[int, int]:
-    return int(w.data.nbytes), int(max(w.scales.nbytes, 4))
-
-
 class Uploader:
-    """Makes the chain's device tensors; ``fail_after`` injects an allocation
-    failure (tests), after that many more tensors."""
+    """Makes the chain's device tensors, each under a name; ``made`` maps the
+    live ones to their bytes. A dry uploader (``dev`` None) makes nothing and
+    only counts: the memory plan. ``fail_after`` injects an allocation failure
+    (tests), after that many more tensors."""
 
     def __init__(self, dev):
         self.dev = dev
         self.fail_after: int | None = None
-        self.allocated = 0                    # bytes of the live tensors made here
+        self.made: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+
+    @classmethod
+    def dry(cls) -> "Uploader":
+        return cls(None)
+
+    @property
+    def allocated(self) -> int:
+        return sum(self.made.values())
+
+    def plan(self) -> Plan:
+        return Plan(list(self.made.items()))
 
     def _tick(self):
         if self.fail_after is not None:
@@ -101,25 +106,42 @@ class Uploader:
                 raise VkspecError("device allocation failed (injected)")
             self.fail_after -= 1
 
-    def array(self, a: np.ndarray, kind: str = "storage"):
+    def _made(self, name: str, words: int, make):
+        if name in self.made:
+            raise ValueError(f"device tensor {name} made twice")
         self._tick()
-        t = self.dev.tensor(np.ascontiguousarray(a), kind)
-        self.allocated += t.size() * 4
+        self.made[name] = max(int(words), 1) * 4
+        if self.dev is None:
+            return None
+        t = make()
+        self._names[id(t)] = name
         return t
 
-    def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
-        self._tick()
-        t = self.dev.zeros(n, dtype, kind)
-        self.allocated += t.size() * 4
-        return t
+    def array(self, name: str, a: np.ndarray, kind: str = "storage"):
+        a = np.ascontiguousarray(a)
+        return self._made(name, a.size, lambda: self.dev.tensor(a, kind))
+
+    def zeros(self, name: str, n: int, dtype=np.float32, kind: str = "storage"):
+        return self._made(name, n, lambda: self.dev.zeros(n, dtype, kind))
 
     def release(self, t):
-        self.allocated -= t.size() * 4
+        name = self._names.pop(id(t))
+        del self.made[name]
         t.destroy()
 
-    def weight(self, w: QWeight) -> DevWeight:
-        data = self.array(w.data)
-        scales = self.array(w.scales if w.scales.size else np.zeros(1, np.float32))
+    def name_of(self, t) -> str:
+        return self._names[id(t)]
+
+    def rename(self, t, name: str):
+        """A tensor made to replace another takes over its name."""
+        old = self._names[id(t)]
+        if name in self.made:
+            raise ValueError(f"device tensor {name} exists")
+        self.made[name] = self.made.pop(old)
+        self._names[id(t)] = name
+
+    def weight(self, name: str, w: QWeight) -> DevWeight:
+        data = self.array(name, w.data)
+        scales = self.array(f"{name}.scales", w.scales if w.scales.size else np.zeros(1, np.float32))
         spr = {"f32": 0, "bf16": 0, "int8": 1}.get(w.fmt, w.cols_p // 64)
-        return DevWeight(w.fmt, w.rows, w.cols_p, w.variant, data, scales,
-                         int(w.data.shape[1]), spr)
+        return DevWeight(w.fmt, w.rows, w.cols_p, w.variant, data, scales, int(w.data.shape[1]), spr)

@@ -1,7 +1,7 @@
 #version 450
 // variants: prep=PREP scan=SCAN
-// The gated delta rule over the rows of a block. Twin of
-// backends/cpu.deltanet_step.
+// The gated delta rule over the rows of a block. Twins: backends/cpu/ops.py's
+// deltanet_prep (PREP) and deltanet_scan (SCAN).
 //   PREP  per row: q <- l2norm(q) * scale, k <- l2norm(k) per key head;
 //         beta = sigmoid(b), decay = exp(-exp(A_log) * softplus(a + dt_bias))
 //         per value head.

@@ -1,0 +1,101 @@
+"""The op table: every shader the chain dispatches, declared once with its
+bindings (in binding order) and its push struct; and the recording a
+sequence is built from.
+
+A dispatch names its buffers (``x=..., y=...``): a missing or unknown one is
+an error, and tests/test_graph.py holds each entry's bindings to the
+compiled shader's. The push structs (vkspec/shaders/push.py) are checked
+against the SPIR-V when the shaders are built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...shaders import push as P
+from .device import load_shader
+
+
+@dataclass(frozen=True)
+class Op:
+    stem: str                  # the .comp file
+    bindings: tuple[str, ...]
+    push: type
+
+
+STEP = "step"
+GEMV = Op("gemv", ("w", "scales", "x", "y"), P.Gemv)
+GEMV_ROUTED = Op("gemv", ("w", "scales", "x", "y", "idx", "slot_of"), P.Gemv)
+GEMV_ROWMAP = Op("gemv", ("w", "scales", "x", "y", "row_of"), P.Gemv)
+RMSNORM = Op("rmsnorm", ("x", "w", "y"), P.Rmsnorm)
+RMSNORM_GATED = Op("rmsnorm", ("x", "w", "y", "z"), P.Rmsnorm)
+EMBED = Op("embed", ("table", "y", STEP), P.Embed)
+ROPE = Op("rope", ("x", "cos", "sin", "y", STEP), P.Rope)
+ATTEND = Op("attend", ("q", "kv", "s", "o", STEP), P.Attend)
+CONV_STEP = Op("conv_step", ("x", "w", "ring", "y", STEP), P.ConvStep)
+DELTANET = Op("deltanet", ("mixed", "ba", "par", "prep", "state", "o", STEP), P.Deltanet)
+SILU_MUL = Op("silu_mul", ("x", "y"), P.SiluMul)
+ROUTE = Op("route", ("logits", "idx", "wt"), P.Route)
+MOE_COMBINE = Op("moe_combine", ("x", "y", "wt", "sh", "gate"), P.MoeCombine)
+ARGMAX = Op("argmax", ("x", "y"), P.Argmax)
+SOFTMAX = Op("softmax", ("x", "y"), P.Softmax)          # the op tests (immediate.py)
+FILL = Op("fill", ("x", "y"), P.Fill)
+
+OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, RMSNORM, RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP,
+       DELTANET, SILU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
+
+
+def groups(n: int, local: int = 64) -> int:
+    """Workgroups of `local` invocations that cover n."""
+    return max(1, -(-n // local))
+
+
+class Recording:
+    """The steps of one sequence in order: dispatches, syncs between the device
+    and the host copies, and host work that splits it into segments."""
+
+    def __init__(self, dev, algos: dict):
+        self.dev, self.algos, self.items = dev, algos, []
+
+    def op(self, op: Op, variant: str | None, grid, push, /, **buffers):
+        if set(buffers) != set(op.bindings):
+            raise TypeError(f"{op.stem}: bindings {sorted(buffers)} != {list(op.bindings)}")
+        tensors = [buffers[b] for b in op.bindings]
+        shader = load_shader(op.stem, variant)
+        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+        key = (shader.name, tuple(id(t) for t in tensors), g)
+        algo = self.algos.get(key)
+        if algo is None:
+            algo = self.algos[key] = self.dev.algorithm(shader, tensors, g, push)
+        self.items.append(("dispatch", algo, shader.pack(push)))
+
+    def sync_local(self, tensors):
+        self.items.append(("sync_local", tensors))
+
+    def sync_device(self, tensors):
+        self.items.append(("sync_device", tensors))
+
+    def host(self, fn):
+        """The sequence ends here; the host runs fn; the next one begins."""
+        self.items.append(("host", fn))
+
+    def sequences(self, first_sync: list, last_sync: list) -> list[tuple]:
+        """kp sequences [(sequence, host fn or None)]: each replays with one
+        eval(); ``first_sync`` goes to the device first, ``last_sync`` comes
+        back to the host at the end."""
+        kp = self.dev.kp
+        segments, seq = [], self.dev.sequence()
+        seq.record(kp.OpTensorSyncDevice(first_sync))
+        for item in self.items:
+            if item[0] == "dispatch":
+                seq.record(kp.OpAlgoDispatch(item[1], item[2]))
+            elif item[0] == "sync_local":
+                seq.record(kp.OpTensorSyncLocal(item[1]))
+            elif item[0] == "sync_device":
+                seq.record(kp.OpTensorSyncDevice(item[1]))
+            else:
+                segments.append((seq, item[1]))
+                seq = self.dev.sequence()
+        seq.record(kp.OpTensorSyncLocal(last_sync))
+        segments.append((seq, None))
+        return segments

@@ -1,0 +1,308 @@
+"""What the dense chain holds on the device: the weights as the chain reads
+them, the state and working buffers, each under a name (the memory plan).
+
+Terms:
+* **fused weight**: projections of one input concatenated by rows, so one
+  GEMV computes them all (q|k|v, qkvz|ba, gate|up, router|shared gate): each
+  output row keeps its bits. Kept as bf16 words where every value is a
+  bfloat16 value (quant.as_bf16: lossless, half the bytes).
+* **region**: the recurrent state (conv ring, DeltaNet state) of every layer
+  is a buffer of R >= 2 regions (see state.py); ``regions`` sizes them.
+* **scratch**: the activations of a block of up to MAX_ROWS rows.
+* **outputs**: the logits and device picks of each (pass, rows) shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ... import exact
+from ...config import ModelConfig
+from ...formats.quant import QWeight, as_bf16
+from ...rope import rope_tables
+from ...weights import LayerW, MoeW, Weights
+from .memory import DevWeight, Uploader, qcat
+from .step import step_block
+
+MAX_ROWS = 8
+P = exact.padded
+
+
+@dataclass(frozen=True)
+class Dims:
+    H: int          # hidden size
+    Hp: int         # hidden size padded for the reductions
+    V: int          # vocabulary
+    nh: int         # attention heads, kv heads, head size, q projection width per head
+    nkv: int
+    hd: int
+    qw: int
+    nk: int         # DeltaNet key heads, value heads, key and value head sizes, conv taps
+    nv: int
+    dk: int
+    dv: int
+    K: int
+    cd: int         # DeltaNet conv channels (q|k|v)
+    E: int          # routed experts and experts per token
+    k: int
+
+    @classmethod
+    def of(cls, c: ModelConfig) -> "Dims":
+        nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
+                          c.linear_key_head_dim, c.linear_value_head_dim)
+        return cls(H=c.hidden_size, Hp=P(c.hidden_size), V=c.vocab_size, nh=c.num_attention_heads,
+                   nkv=c.num_key_value_heads, hd=c.head_dim,
+                   qw=c.head_dim * (2 if c.model_type == "qwen3_next" else 1),
+                   nk=nk, nv=nv, dk=dk, dv=dv, K=c.linear_conv_kernel_dim, cd=2 * nk * dk + nv * dv,
+                   E=c.num_experts, k=max(c.num_experts_per_tok, 1))
+
+
+# --- the host's view: fused weights ----------------------------------------------
+
+@dataclass
+class HostFfn:
+    gate_up: QWeight                 # MoE: every expert's gate|up, expert after expert
+    down: QWeight
+    router: QWeight | None = None    # MoE: router | shared expert's gate
+    sh_gate_up: QWeight | None = None
+    sh_down: QWeight | None = None
+
+    def parts(self) -> dict[str, QWeight]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class HostLayer:
+    w: LayerW
+    mix: QWeight
+    out: QWeight
+    ffn: HostFfn
+
+    @property
+    def moe(self) -> bool:
+        return isinstance(self.w.ffn, MoeW)
+
+
+def fuse(lw: LayerW) -> HostLayer:
+    m = lw.mixer
+    mix = qcat([m.q, m.k, m.v]) if lw.kind == "full_attention" else qcat([m.qkvz, m.ba])
+    out = m.o if lw.kind == "full_attention" else m.out
+    f = lw.ffn
+    if isinstance(f, MoeW):
+        ffn = HostFfn(gate_up=qcat([qcat([e.gate, e.up]) for e in f.experts]),
+                      down=qcat([e.down for e in f.experts]),
+                      router=qcat([f.router] + ([f.shared_gate] if f.shared else [])))
+        if f.shared:
+            ffn.sh_gate_up, ffn.sh_down = qcat([f.shared.gate, f.shared.up]), f.shared.down
+    else:
+        ffn = HostFfn(gate_up=qcat([f.gate, f.up]), down=f.down)
+    return HostLayer(lw, as_bf16(mix), as_bf16(out), HostFfn(**{k: as_bf16(q) for k, q in ffn.parts().items()}))
+
+
+# --- the device's view ------------------------------------------------------------
+
+@dataclass
+class Ffn:
+    gate_up: DevWeight | None = None
+    down: DevWeight | None = None
+    router: DevWeight | None = None
+    sh_gate_up: DevWeight | None = None
+    sh_down: DevWeight | None = None
+    moe_i: int = -1                  # MoE ordinal: this layer's rows of the routing buffers
+    smap: object = None              # expert -> device slot (the tier edits it)
+    tier_ord: int | None = None      # the tier's ordinal, when the tier holds this layer's experts
+
+
+@dataclass
+class AttnMixer:
+    gated: bool
+    q_norm: object
+    k_norm: object
+    kc: object                       # KV cache, (ctx, nkv, hd) each
+    vc: object
+
+
+@dataclass
+class DeltaMixer:
+    conv_w: object
+    par: object                      # dt_bias | -exp(A_log)
+    norm: object
+    ring: object                     # (regions, K-1, cd)
+    ssm: object                      # (regions, nv, dk, dv)
+
+
+@dataclass
+class Layer:
+    index: int
+    in_norm: object
+    post_norm: object
+    mix: DevWeight
+    out: DevWeight
+    mixer: AttnMixer | DeltaMixer
+    ffn: Ffn
+
+    @property
+    def attention(self) -> bool:
+        return isinstance(self.mixer, AttnMixer)
+
+
+@dataclass
+class Scratch:
+    """A block's activations; names as in the recorder. x, mx, mtp_in, h, ed
+    and ridx are host-visible: the host reads or writes them between passes."""
+    x: object          # the trunk's residual stream
+    h: object          # normed rows
+    xn: object         # the final norm's rows
+    proj: object       # a fused projection's output
+    qn: object         # q and k after their norms, q after RoPE
+    kn: object
+    qr: object
+    scores: object
+    attn_o: object
+    mixed: object      # the conv's output
+    prep: object       # q, k, beta, decay of the delta rule
+    dn_o: object
+    dn_n: object
+    act: object        # silu(g) * u
+    rlog: object       # router logits (and the shared gate)
+    ridx: object       # routed experts and their weights, per MoE layer
+    rwt: object
+    ey: object         # routed gate|up, then routed down outputs
+    ed: object
+    sh: object         # the shared expert's output
+    fcin: object       # the MTP head's fc input
+    mx: object         # the MTP head's residual stream
+    mtp_in: object     # the trunk's hidden rows the head reads
+
+
+HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
+
+
+@dataclass
+class Buffers:
+    embed: object
+    head: DevWeight
+    cos: object
+    sin: object
+    norm: object
+    layers: list[Layer]
+    scratch: Scratch
+    step: object                     # the Step block (shaders/step.glsl) of a trunk pass
+    mtp_step: object                 # ... of a head pass
+    mtp_last: object                 # ... of a head pass's last row alone
+    fc: DevWeight | None = None      # the MTP head
+    norm_emb: object = None
+    norm_hidden: object = None
+    mtp_norm: object = None
+    ids: object = None               # the head's draft vocabulary
+    outputs: dict = field(default_factory=dict)   # (pass, rows) -> (logits, picks)
+
+
+class Layout:
+    """The chain of one model: what it holds, decided without a device."""
+
+    def __init__(self, cfg: ModelConfig, w: Weights, ctx: int):
+        self.cfg, self.w, self.ctx = cfg, w, ctx
+        self.dims = Dims.of(cfg)
+        self.layers_w = w.layers + ([w.mtp.layer] if w.mtp else [])
+        self.host = [fuse(lw) for lw in self.layers_w]
+        self.head = as_bf16(w.lm_head)
+        self.fc = as_bf16(w.mtp.fc) if w.mtp else None
+        self.n_moe = max(1, sum(h.moe for h in self.host))
+
+    def output_shapes(self):
+        return [("main", r) for r in range(1, MAX_ROWS + 1)] + ([("mtp", 1)] if self.w.mtp else [])
+
+    def scratch_words(self) -> dict[str, int]:
+        d, R = self.dims, MAX_ROWS
+        proj = [h.mix.rows for h in self.host]
+        proj += [h.ffn.sh_gate_up.rows for h in self.host if h.ffn.sh_gate_up is not None]
+        proj += [h.ffn.gate_up.rows for h in self.host if not h.moe]
+        inter = [q.cols_p for h in self.host for q in (h.ffn.down, h.ffn.sh_down) if q is not None]
+        proj, inter = max(proj + [1]), max(inter + [1])
+        return dict(
+            x=R * d.Hp, h=R * d.Hp, xn=R * d.Hp, proj=R * proj,
+            qn=R * d.nh * d.hd, kn=R * d.nkv * d.hd, qr=R * d.nh * d.hd,
+            scores=R * d.nh * self.ctx, attn_o=R * P(d.nh * d.hd),
+            mixed=R * d.cd, prep=R * (2 * d.nk * d.dk + 2 * d.nv),
+            dn_o=R * d.nv * d.dv, dn_n=R * P(max(d.nv * d.dv, 1)),
+            act=R * d.k * inter, rlog=R * (d.E + 1), ridx=R * d.k * self.n_moe,
+            rwt=R * d.k * self.n_moe,
+            ey=R * d.k * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d.k * d.H,
+            sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp)
+
+    def allocate(self, up: Uploader, regions: int = 2, tier=None) -> Buffers:
+        """Make every tensor through `up` (a dry uploader: the plan); the
+        recurrent state gets `regions` regions; `tier` (an ExpertTier) makes
+        the slots of the experts it holds instead of whole expert weights."""
+        d, words = self.dims, step_block().words
+        cos, sin = rope_tables(self.cfg, self.ctx)
+        zero = np.zeros(1, np.float32)
+        b = Buffers(embed=up.array("weights:embed", self.w.embed),
+                    head=up.weight("weights:lm_head", self.head),
+                    cos=up.array("rope:cos", cos if cos.size else zero),
+                    sin=up.array("rope:sin", sin if sin.size else zero),
+                    norm=up.array("weights:norm", self.w.norm), layers=[],
+                    scratch=Scratch(**{name: up.zeros(f"scratch:{name}", words,
+                                                      np.uint32 if name == "ridx" else np.float32,
+                                                      "device" if name in HOST_VISIBLE else "storage")
+                                       for name, words in self.scratch_words().items()}),
+                    step=up.zeros("scratch:step", words, np.uint32, "device"),
+                    mtp_step=up.zeros("scratch:mtp_step", words, np.uint32, "device"),
+                    mtp_last=up.zeros("scratch:mtp_last", words, np.uint32, "device"))
+        if self.w.mtp:
+            m = self.w.mtp
+            b.fc = up.weight("weights:mtp.fc", self.fc)
+            b.norm_emb = up.array("weights:mtp.norm_emb", m.norm_emb)
+            b.norm_hidden = up.array("weights:mtp.norm_hidden", m.norm_hidden)
+            b.mtp_norm = up.array("weights:mtp.norm", m.norm)
+            b.ids = up.zeros("scratch:mtp_ids", d.V, np.uint32, "device")
+        moe_i = 0
+        for i, host in enumerate(self.host):
+            b.layers.append(self._layer(up, i, host, regions, moe_i, tier))
+            moe_i += host.moe
+        for kind, rows in self.output_shapes():
+            self.outputs(up, b, kind, rows)
+        return b
+
+    def outputs(self, up: Uploader, b: Buffers, kind: str, rows: int):
+        """The (logits, picks) tensors of a pass of `rows` rows, made on first
+        use beyond the planned shapes (the head's whole-block passes: tests)."""
+        if (kind, rows) not in b.outputs:
+            V = self.dims.V
+            b.outputs[kind, rows] = (up.zeros(f"outputs:{kind}{rows}.logits", rows * V, np.float32, "device"),
+                                     up.zeros(f"outputs:{kind}{rows}.picks", rows, np.uint32, "device"))
+        return b.outputs[kind, rows]
+
+    def _layer(self, up, i, host: HostLayer, regions, moe_i, tier) -> Layer:
+        d, lw, p = self.dims, host.w, f"layer{i}"
+        ffn = Ffn()
+        for name, q in host.ffn.parts().items():
+            if tier is None or not tier.holds(i, name):
+                setattr(ffn, name, up.weight(f"weights:{p}.{name}", q))
+        if host.moe:
+            ffn.moe_i = moe_i
+            ffn.smap = up.array(f"scratch:{p}.slot_map", np.arange(d.E, dtype=np.uint32), "device")
+            if tier is not None and tier.holds(i, "gate_up"):
+                tier.build_layer(up, i, ffn)
+        m = lw.mixer
+        if lw.kind == "full_attention":
+            n = self.ctx * d.nkv * d.hd
+            mixer = AttnMixer(m.gated,
+                              up.array(f"weights:{p}.q_norm", m.q_norm) if m.q_norm is not None else None,
+                              up.array(f"weights:{p}.k_norm", m.k_norm) if m.k_norm is not None else None,
+                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n))
+        else:
+            mixer = DeltaMixer(up.array(f"weights:{p}.conv", m.conv),
+                               up.array(f"weights:{p}.dt_bias_a",
+                                        np.concatenate([m.dt_bias, m.neg_exp_a]).astype(np.float32)),
+                               up.array(f"weights:{p}.norm", m.norm),
+                               up.zeros(f"state:{p}.conv", regions * (d.K - 1) * d.cd),
+                               up.zeros(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv))
+        return Layer(i, up.array(f"weights:{p}.in_norm", lw.in_norm),
+                     up.array(f"weights:{p}.post_norm", lw.post_norm),
+                     up.weight(f"weights:{p}.mix", host.mix), up.weight(f"weights:{p}.out", host.out),
+                     mixer, ffn)
+

@@ -1,0 +1,213 @@
+"""One recorded sequence per step shape: the whole forward of a block on the
+device, dispatch after dispatch, replayed with one eval() per forward.
+
+A **shape** is (pass, rows, attention bucket, last, listed): the trunk
+("main") or the MTP head ("mtp"); 1..MAX_ROWS rows; the attention span
+rounded up to a bucket; whether only the last row goes on to the lm_head;
+and the padded length of a draft vocabulary the head scores (0: all of it).
+Push constants are fixed at record time; what changes per step goes through
+the Step block (step.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...shaders import push as P
+from . import graph as G
+from .graph import Recording, groups
+from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
+from .memory import DevWeight
+
+
+class Recorder:
+    def __init__(self, layout: Layout, buffers: Buffers, dev, up, tier=None):
+        self.lay, self.b, self.dev, self.up, self.tier = layout, buffers, dev, up, tier
+        self.d, self.s, self.cfg = layout.dims, buffers.scratch, layout.cfg
+        self.algos: dict = {}
+
+    def forget(self, tensors: set[int]):
+        """Drop the algorithms bound to these tensors (ids): they were replaced."""
+        self.algos = {k: a for k, a in self.algos.items() if not tensors & set(k[1])}
+
+    # --- op helpers -----------------------------------------------------------
+    def gemv(self, w: DevWeight, x, y, rows, x_off=0, x_stride=None, y_off=0, y_stride=None, acc=False,
+             row_of=None, out_rows=None):
+        """y = w x for `rows` input rows; with ``row_of`` (a device list of
+        weight rows) only those ``out_rows`` rows of w, in the list's order."""
+        m = out_rows or w.rows
+        push = P.Gemv(rows=m, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
+                      y_off=y_off, y_stride=m if y_stride is None else y_stride)
+        if row_of is not None:
+            assert not acc
+            self.rec.op(G.GEMV_ROWMAP, w.variant + "_rowmap", groups(m), push,
+                        w=w.data, scales=w.scales, x=x, y=y, row_of=row_of)
+        else:
+            self.rec.op(G.GEMV, w.variant + ("_acc" if acc else ""), groups(m), push,
+                        w=w.data, scales=w.scales, x=x, y=y)
+
+    def routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
+        push = P.Gemv(rows=per_expert_rows, cols=w.cols_p, nvec=pairs, x_stride=x_stride, y_stride=y_stride,
+                      w_expert=per_expert_rows * w.words_per_row, s_expert=per_expert_rows * w.scales_per_row,
+                      x_div=x_div, idx_off=idx_off)
+        self.rec.op(G.GEMV_ROUTED, w.variant + "_routed", (groups(per_expert_rows), pairs), push,
+                    w=w.data, scales=w.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
+
+    def rmsnorm(self, x, w, y, rows, n, group=1, x_off=0, x_stride=0, x_inner=0, y_off=0,
+                y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
+        push = P.Rmsnorm(rows=rows, n=n, group=group, x_off=x_off, x_stride=x_stride, x_inner=x_inner,
+                         y_off=y_off, y_stride=y_stride, y_inner=y_inner, z_off=z_off, z_stride=z_stride,
+                         z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n))
+        if z is None:
+            self.rec.op(G.RMSNORM, "plain", groups(rows), push, x=x, w=w, y=y)
+        else:
+            self.rec.op(G.RMSNORM_GATED, "gated", groups(rows), push, x=x, w=w, y=y, z=z)
+
+    # --- a whole pass -------------------------------------------------------------
+    def record(self, kind: str, n: int, bucket: int, last: bool, listed: int = 0):
+        """The sequence of one shape: (segments, logits tensor, picks tensor)."""
+        d, s, b = self.d, self.s, self.b
+        self.rec = Recording(self.dev, self.algos)
+        step = b.step if kind == "main" else b.mtp_step
+        x = s.x if kind == "main" else s.mx
+        trunk = len(self.lay.w.layers)
+        if kind == "main":
+            self.rec.op(G.EMBED, None, groups(n * d.H), P.Embed(rows=n, n=d.H, y_stride=d.Hp),
+                        table=b.embed, y=x, step=step)
+            layers = b.layers[:trunk]
+        else:
+            F = padded(2 * d.H)
+            self.rec.op(G.EMBED, None, groups(n * d.H), P.Embed(rows=n, n=d.H, y_stride=d.Hp),
+                        table=b.embed, y=s.h, step=step)
+            self.rmsnorm(s.h, b.norm_emb, s.fcin, n, d.H, x_stride=d.Hp, y_stride=F)
+            self.rmsnorm(s.mtp_in, b.norm_hidden, s.fcin, n, d.H, x_stride=d.Hp, y_off=d.H, y_stride=F)
+            self.gemv(b.fc, s.fcin, x, n, y_stride=d.Hp)
+            layers = b.layers[trunk:]
+        for L in layers:
+            self.rmsnorm(x, L.in_norm, s.h, n, d.H, x_stride=d.Hp, y_stride=d.Hp)
+            # the head absorbing a block: the rows before the last only write
+            # their KV row (nothing else of theirs is ever read)
+            m = 1 if kind == "mtp" and last and L.attention else n
+            if L.attention:
+                self.attention(L, x, n, bucket, step, last_only=m < n)
+            else:
+                self.deltanet(L, x, n, step)
+            o = (n - m) * d.Hp
+            self.rmsnorm(x, L.post_norm, s.h, m, d.H, x_off=o, x_stride=d.Hp, y_stride=d.Hp)
+            (self.moe if L.ffn.moe_i >= 0 else self.mlp)(L, x, m, x_off=o)
+        rows = 1 if last else n
+        norm = b.norm if kind == "main" else b.mtp_norm
+        self.rmsnorm(x, norm, s.xn, rows, d.H, x_off=(n - rows) * d.Hp, x_stride=d.Hp, y_stride=d.Hp)
+        logits, picks = self.lay.outputs(self.up, b, kind, rows)
+        width = listed or d.V                # listed: the head scores its draft vocabulary
+        self.gemv(b.head, s.xn, logits, rows, x_stride=d.Hp, row_of=b.ids if listed else None, out_rows=width)
+        self.rec.op(G.ARGMAX, None, groups(rows), P.Argmax(rows=rows, n=width, x_stride=width),
+                    x=logits, y=picks)
+        first = [step] + ([s.mtp_in, b.mtp_last] if kind == "mtp" else [])
+        segments = self.rec.sequences(first, [x, logits, picks] + ([s.ridx] if self.tier else []))
+        self.rec = None
+        return segments, logits, picks
+
+    def attention(self, L: Layer, x, n, bucket, step, last_only=False):
+        """``last_only`` (the MTP head absorbing a block): every row writes
+        its K/V row; only the last is attended and goes on (into its x row),
+        with positions from the one-row ``mtp_last`` step."""
+        d, s, a = self.d, self.s, L.mixer
+        nh, nkv, hd, qw = d.nh, d.nkv, d.hd, d.qw
+        Pw = L.mix.rows
+        self.gemv(L.mix, s.h, s.proj, n, x_stride=d.Hp)
+        if a.q_norm is not None:
+            self.rmsnorm(s.proj, a.q_norm, s.qn, n * nh, hd, group=nh, x_stride=Pw,
+                         x_inner=qw, y_stride=nh * hd, y_inner=hd)
+            self.rmsnorm(s.proj, a.k_norm, s.kn, n * nkv, hd, group=nkv, x_off=nh * qw,
+                         x_stride=Pw, x_inner=hd, y_stride=nkv * hd, y_inner=hd)
+            q_src = (s.qn, 0, nh * hd, hd)               # (tensor, offset, row stride, head stride)
+            k_src = (s.kn, 0, nkv * hd, hd)
+        else:
+            q_src = (s.proj, 0, Pw, qw)
+            k_src = (s.proj, nh * qw, Pw, hd)
+        rot = self.cfg.rotary_dim
+
+        def rope(src, dst, variant, heads, r, y_stride, rows=n, at=step):
+            t, off, stride, hstride = src
+            self.rec.op(G.ROPE, variant, groups(rows * heads * hd),
+                        P.Rope(rows=rows, heads=heads, hd=hd, rot=r, x_off=off, x_stride=stride,
+                               x_hstride=hstride, y_stride=y_stride),
+                        x=t, cos=self.b.cos, sin=self.b.sin, y=dst, step=at)
+
+        rope(k_src, a.kc, "cache", nkv, rot, nkv * hd)
+        rope((s.proj, nh * qw + nkv * hd, Pw, hd), a.vc, "cache", nkv, 0, nkv * hd)
+        first = n - 1 if last_only else 0            # the first row attended
+        if last_only:
+            n, step = 1, self.b.mtp_last
+        t, off, stride, hstride = q_src
+        rope((t, off + first * stride, stride, hstride), s.qr, "rows", nh, rot, nh * hd, rows=n, at=step)
+        common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.lay.ctx, scale=np.float32(hd ** -0.5))
+        self.rec.op(G.ATTEND, "scores", (groups(bucket), n * nh),
+                    P.Attend(q_stride=nh * hd, q_hstride=hd, **common),
+                    q=s.qr, kv=a.kc, s=s.scores, o=s.attn_o, step=step)
+        self.rec.op(G.ATTEND, "softmax", (1, n * nh), P.Attend(**common),
+                    q=s.qr, kv=a.kc, s=s.scores, o=s.attn_o, step=step)
+        self.rec.op(G.ATTEND, "out_gated" if a.gated else "out", (groups(hd), n * nh),
+                    P.Attend(q_stride=Pw, q_hstride=qw, gate_off=first * Pw + hd, o_stride=padded(nh * hd),
+                             **common),
+                    q=s.proj, kv=a.vc, s=s.scores, o=s.attn_o, step=step)
+        self.gemv(L.out, s.attn_o, x, n, x_stride=padded(nh * hd), y_off=first * d.Hp, y_stride=d.Hp, acc=True)
+
+    def deltanet(self, L: Layer, x, n, step):
+        d, s, m = self.d, self.s, L.mixer
+        Pw = L.mix.rows
+        self.gemv(L.mix, s.h, s.proj, n, x_stride=d.Hp)
+        self.rec.op(G.CONV_STEP, None, groups(d.cd),
+                    P.ConvStep(rows=n, channels=d.cd, k=d.K, x_stride=Pw, y_stride=d.cd),
+                    x=s.proj, w=m.conv_w, ring=m.ring, y=s.mixed, step=step)
+        push = P.Deltanet(rows=n, nk=d.nk, nv=d.nv, dk=d.dk, dv=d.dv, m_stride=d.cd,
+                              ba_off=d.cd + d.nv * d.dv, ba_stride=Pw, o_stride=d.nv * d.dv,
+                              scale=np.float32(d.dk ** -0.5), eps=np.float32(1e-6))
+        buffers = dict(mixed=s.mixed, ba=s.proj, par=m.par, prep=s.prep, state=m.ssm, o=s.dn_o, step=step)
+        self.rec.op(G.DELTANET, "prep", groups(n * (2 * d.nk + d.nv)), push, **buffers)
+        self.rec.op(G.DELTANET, "scan", groups(d.nv * d.dv), push, **buffers)
+        self.rmsnorm(s.dn_o, m.norm, s.dn_n, n * d.nv, d.dv, group=d.nv, x_stride=d.nv * d.dv,
+                     x_inner=d.dv, y_stride=padded(d.nv * d.dv), y_inner=d.dv, z=s.proj, z_off=d.cd,
+                     z_stride=Pw, z_inner=d.dv)
+        self.gemv(L.out, s.dn_n, x, n, x_stride=padded(d.nv * d.dv), y_stride=d.Hp, acc=True)
+
+    def silu_mul(self, x, y, rows, n, x_stride, y_stride):
+        self.rec.op(G.SILU_MUL, None, groups(rows * n),
+                    P.SiluMul(rows=rows, n=n, x_stride=x_stride, y_stride=y_stride), x=x, y=y)
+
+    def mlp(self, L: Layer, x, n, x_off=0):
+        """h rows 0..n-1 -> added to x from float x_off."""
+        d, s, f = self.d, self.s, L.ffn
+        inter, width = f.down.cols_p, f.gate_up.rows // 2
+        self.gemv(f.gate_up, s.h, s.proj, n, x_stride=d.Hp)
+        self.silu_mul(s.proj, s.act, n, width, 2 * width, inter)
+        self.gemv(f.down, s.act, x, n, x_stride=inter, y_off=x_off, y_stride=d.Hp, acc=True)
+
+    def moe(self, L: Layer, x, n, x_off=0):
+        d, s, f = self.d, self.s, L.ffn
+        E, k, H, mi = d.E, d.k, d.H, self.cfg.moe_intermediate_size
+        R = f.router.rows
+        off = f.moe_i * MAX_ROWS * k                # this layer's rows of the routing buffers
+        self.gemv(f.router, s.h, s.rlog, n, x_stride=d.Hp)
+        self.rec.op(G.ROUTE, None, groups(n),
+                    P.Route(rows=n, n=E, k=k, x_stride=R, normalize=int(self.cfg.norm_topk_prob), y_off=off),
+                    logits=s.rlog, idx=s.ridx, wt=s.rwt)
+        if self.tier is not None and self.tier.holds_layer(f):
+            # the host computes (or streams in) the pairs whose expert has no slot
+            self.rec.sync_local([s.h, s.ridx])
+            self.rec.host(self.tier.host_step(f, n))
+            self.rec.sync_device([s.ed, f.smap])
+        self.routed(f.gate_up, s.h, s.ey, n * k, k, d.Hp, 2 * mi, 2 * mi, f.smap, off)
+        self.silu_mul(s.ey, s.act, n * k, mi, 2 * mi, padded(mi))
+        self.routed(f.down, s.act, s.ed, n * k, 1, padded(mi), H, H, f.smap, off)
+        shared = f.sh_down is not None
+        if shared:
+            si, w2 = f.sh_down.cols_p, f.sh_gate_up.rows // 2
+            self.gemv(f.sh_gate_up, s.h, s.proj, n, x_stride=d.Hp)
+            self.silu_mul(s.proj, s.act, n, w2, 2 * w2, si)
+            self.gemv(f.sh_down, s.act, s.sh, n, x_stride=si, y_stride=H)
+        self.rec.op(G.MOE_COMBINE, "shared" if shared else "routed", groups(n * H),
+                    P.MoeCombine(rows=n, n=H, k=k, x_off=x_off, x_stride=d.Hp, y_stride=H, s_stride=H,
+                                 g_stride=R, g_off=E, w_off=off),
+                    x=x, y=s.ed, wt=s.rwt, sh=s.sh, gate=s.rlog)
