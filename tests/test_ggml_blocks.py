@@ -1,6 +1,6 @@
 """vkspec.formats.ggml: every block type's values equal gguf.quants.dequantize
-bit for bit (NaN payloads too, except where two NaNs meet: see assert_bits), on the NumPy path and compiled by numba
-from the same source; and one hand-built block per type equals values worked
+bit for bit (NaN payloads too, except where two NaNs meet: see assert_bits), on the NumPy path and in the
+compiled CPU decoders (backends/cpu/jit_blocks.py); and one hand-built block per type equals values worked
 out here from llama.cpp's block layout (ggml-common.h / ggml-quants.c), so a
 layout mistake shared by gguf and vkspec would still fail."""
 
@@ -39,7 +39,23 @@ SCALE_FILLS = [0x00, 0xFF, 0x3F, 0xC0, 0x0F, 0xF0, 0x7F, 0x80]  # 6-bit packing 
 
 @pytest.fixture(scope="module")
 def jit():
-    return ggml.compiled()
+    """The compiled decoders the CPU path runs, by the name of the definition they answer to."""
+    from vkspec.backends.cpu import jit_blocks
+    from vkspec.formats.matrix import QWeight, no_scales
+
+    def decoder(name):
+        t = ggml.TYPES[name]
+
+        def run(blocks):
+            blocks = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, t.block_bytes)
+            w = QWeight(name.lower(), blocks.shape[0], t.block_elems, blocks, no_scales())
+            return jit_blocks.decode(w)
+        return run
+
+    fns = {t.dequantize.__name__: decoder(name) for name, t in ggml.TYPES.items()}
+    fns["f16_bits_to_f32"] = lambda h: fns["dequantize_f16"](
+        np.asarray(h, np.uint16).view(np.uint8).reshape(-1, 2)).reshape(-1)
+    return fns
 
 
 def reference(name, blocks):

@@ -43,26 +43,42 @@ def oracle(gguf_path):
     return torch, tk, hf
 
 
-def test_weights_equal_the_gguf_packages_dequantisation(gguf_path, cpu_model):
+def test_weights_stay_in_their_blocks_and_equal_the_gguf_packages_dequantisation(gguf_path, cpu_model):
+    """The model holds every matrix as the file's own blocks (a view of the
+    mapped file: no copy, no widening). Their values, decoded by vkspec
+    (formats/ggml.py, the compiled decoders), equal what the gguf package's
+    own reader and dequantisation make of the same tensors: two
+    implementations, one answer."""
     import gguf
+    from vkspec.backends.cpu import jit_blocks
+    from vkspec.formats.matrix import dequantize
     from vkspec.gguf_file import GgufFile, unpermute_rope_rows
+    reader = gguf.GGUFReader(str(gguf_path))
     f = GgufFile(gguf_path)
     kinds = {}
-    for t in f.reader.tensors:
+    for t in reader.tensors:
         kinds.setdefault(t.tensor_type.name, t)
     assert {"Q4_1", "Q8_0", "F32"} <= set(kinds)
     for kind, t in kinds.items():
         ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed([int(x) for x in t.shape])))
-        got = f.get(t.name.replace("blk.", "model.layers.") if False else _hf_name(t.name))
+        ref = np.asarray(ref, np.float32)
+        name = _hf_name(t.name)
+        if ref.ndim == 1:
+            bits_equal(f.get(name, ref.shape), ref)
+            continue
         if t.name.endswith(("attn_q.weight", "attn_k.weight")):
             ref = unpermute_rope_rows(ref, 9 if "attn_q" in t.name else 3)
-        bits_equal(got, np.asarray(ref, np.float32).reshape(got.shape))
-    # what the model computes with is that, unchanged (f32, no re-quantisation)
-    emb = f.tensors["token_embd.weight"]
-    bits_equal(cpu_model.w.embed, gguf.quants.dequantize(emb.data, emb.tensor_type).reshape(49152, 576))
-    v = f.tensors["blk.3.attn_v.weight"]
-    bits_equal(cpu_model.w.layers[3].mixer.v.data[:, :576],
-               gguf.quants.dequantize(v.data, v.tensor_type).reshape(192, 576))
+        w = f.matrix(name, ref.shape)
+        assert w.fmt == kind.lower() and w.data.base is not None          # a view
+        bits_equal(dequantize(w), ref)
+        bits_equal(jit_blocks.decode(w)[np.argsort(w.order)] if w.order is not None else jit_blocks.decode(w),
+                   ref)
+    # what the model computes with is that, in its blocks
+    emb = reader.get_tensor(next(i for i, t in enumerate(reader.tensors) if t.name == "token_embd.weight"))
+    assert cpu_model.w.embed.fmt == emb.tensor_type.name.lower()
+    assert cpu_model.w.embed.data.nbytes == emb.data.nbytes
+    v = next(t for t in reader.tensors if t.name == "blk.3.attn_v.weight")
+    bits_equal(dequantize(cpu_model.w.layers[3].mixer.v), gguf.quants.dequantize(v.data, v.tensor_type).reshape(192, 576))
 
 
 def _hf_name(g):
@@ -150,11 +166,13 @@ def test_f16_and_f32_tensors_load_exactly(tmp_path):
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()
     wr.close()
+    from vkspec.formats.matrix import dequantize
     f = GgufFile(path)
-    bits_equal(f.get("model.layers.0.self_attn.v_proj.weight", (6, 8)), w16.astype(np.float32))
-    bits_equal(f.get("model.layers.0.mlp.up_proj.weight", (4, 8)), w32)
-    t = f.tensors["blk.0.ffn_gate.weight"]
-    bits_equal(f.get("model.layers.0.mlp.gate_proj.weight", (2, 64)),
-               gguf.quants.dequantize(t.data, t.tensor_type).reshape(2, 64))
+    bits_equal(dequantize(f.matrix("model.layers.0.self_attn.v_proj.weight", (6, 8))), w16.astype(np.float32))
+    bits_equal(dequantize(f.matrix("model.layers.0.mlp.up_proj.weight", (4, 8))), w32)
+    got = f.matrix("model.layers.0.mlp.gate_proj.weight", (2, 64))
+    assert got.fmt == "q8_0"
+    bits_equal(dequantize(got), gguf.quants.dequantize(gguf.quants.quantize(q8, gguf.GGMLQuantizationType.Q8_0),
+                                                       gguf.GGMLQuantizationType.Q8_0).reshape(2, 64))
     with pytest.raises(VkspecError, match=r"has shape \(6, 8\), expected \(8, 6\)"):
-        f.get("model.layers.0.self_attn.v_proj.weight", (8, 6))
+        f.matrix("model.layers.0.self_attn.v_proj.weight", (8, 6))

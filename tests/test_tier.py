@@ -102,7 +102,10 @@ def test_plan_matches_allocations(vk, moe_dir, budget, snapshots):
     assert d["device_total"] == m.up.allocated
     # tensor by tensor: the plan is the allocation code run without a device
     from vkspec.backends.vulkan.model import VulkanModel
-    assert dict(VulkanModel.planned_from(m.layout, m.tier, snapshots).items) == m.up.made
+    from vkspec.loader import Loader, open_checkpoint
+    cfg, ckpt = open_checkpoint(moe_dir, "int8")
+    planned = VulkanModel.planned(cfg, Loader(cfg, ckpt, "int8").load(True), tier=tier, slots=snapshots)
+    assert dict(planned.items) == m.up.made
     # one copy slot: each DeltaNet layer's conv ring and state, (K-1) x conv_dim + nv x dk x dv floats
     c = m.cfg
     cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
@@ -183,13 +186,14 @@ def test_placement_admits_by_count_within_the_rate():
 
 
 def test_bf16_experts_in_slots(vk, tmp_path):
-    """A model whose weights are all bfloat16 values: the slots hold its
-    experts as bf16 words (half the bytes of f32), the plan says so, and a
-    partial tier (slots, streaming) gives the CPU's f32 bits."""
+    """A BF16 checkpoint: the slots hold its experts as bf16 words, as the file
+    does, the plan says so, and a partial tier (slots, streaming) gives the
+    CPU's bits."""
     d = make_tiny(tmp_path / "bf16", seed=5, mtp=True, experts=8, top_k=2, echo=True, bf16=True)
     ref = generate(load_model(d), PROMPT, N)
     e = load_model(d).w.layers[0].ffn.experts[0]
-    per_expert = (e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()) // 2     # f32 bytes, halved
+    assert e.gate.fmt == "bf16"
+    per_expert = e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()
     for slots, stream in ((5, False), (5, True)):
         tier = TierConfig(budget_gb=slots * per_expert / (1 << 30), rate=1, stream=stream)
         m = load_model(d, backend="vulkan", tier=tier)

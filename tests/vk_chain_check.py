@@ -15,8 +15,9 @@ import sys
 import numpy as np
 
 from vkspec import exact
-from vkspec.formats import quant
 from vkspec.backends.vulkan.device import get_device, load_shader
+from vkspec.backends.vulkan.memory import Uploader
+from vkspec.shaders import push as P
 from vkspec.selftest import same_bits
 
 
@@ -24,27 +25,27 @@ def chain():
     dev = get_device()
     rng = np.random.default_rng(0)
     k = 256
-    w = quant.quantize(rng.standard_normal((k, k)).astype(np.float32) * 0.1, "f32")
+    w = (rng.standard_normal((k, k)) * 0.1).astype(np.float32)
     norm_w = (1 + rng.standard_normal(k) * 0.1).astype(np.float32)
     x0 = rng.standard_normal(k).astype(np.float32)
-    tw, tn = dev.tensor(w.data, "storage"), dev.tensor(norm_w, "storage")
-    ts = dev.tensor(np.zeros(1, np.float32), "storage")
+    up = Uploader(dev)
+    tw, tn, ts = up.array("w", w), up.array("norm", norm_w), up.zeros("scales", 1)
     ta, tb = dev.tensor(x0), dev.tensor(np.zeros(k, np.float32))
     rms = dev.algorithm(load_shader("rmsnorm", "plain"), [ta, tn, tb], 1,
-                        dict(rows=1, n=k, group=1, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
+                        P.Rmsnorm(rows=1, n=k, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
     mv = dev.algorithm(load_shader("gemv", "f32"), [tw, ts, tb, ta], k // 64,
-                       dict(rows=k, cols=k, nvec=1, x_stride=k, y_stride=k))
+                       P.Gemv(rows=k, cols=k, nvec=1, x_stride=k, y_stride=k, row_bytes=4 * k))
     seq = dev.sequence()
     for _ in range(12):
-        seq.record(dev.dispatch(rms))
-        seq.record(dev.dispatch(mv))
+        seq.record(dev.kp.OpAlgoDispatch(rms))
+        seq.record(dev.kp.OpAlgoDispatch(mv))
     dev.upload(ta)
     seq.eval()
     seq.eval()                        # replay: no re-recording
     dev.download(ta)
     x = x0
     for _ in range(24):            # 12 pairs, replayed twice
-        x = exact.gemv(w.data, exact.rmsnorm(x, norm_w, 1e-6))
+        x = exact.gemv(w, exact.rmsnorm(x, norm_w, 1e-6))
     print("match" if same_bits(ta.data(), x) else "MISMATCH")
 
 
@@ -52,9 +53,9 @@ def hazard():
     dev = get_device()
     x = dev.tensor(np.ones(64, np.float32))
     y = dev.tensor(np.zeros(64, np.float32))
-    algo = dev.algorithm(load_shader("core_eval"), [x, y], 1, dict(n=64, op=0))
+    algo = dev.algorithm(load_shader("core_eval"), [x, y], 1, P.CoreEval(n=64, op=0))
     seq = dev.sequence()
-    seq.record(dev.dispatch(algo))
+    seq.record(dev.kp.OpAlgoDispatch(algo))
     seq.record(dev.kp.OpTensorSyncDevice([y]))
     seq.eval()
     print("ran")

@@ -9,6 +9,10 @@ Terms:
 * host share: the part of a decode step's forward spent in Python on the
   host, i.e. outside the one replay of the recorded sequence (the NumPy
   backend runs everything on the host, so its share is 1).
+* weight bytes per token: the bytes of weights one decode step reads, in the
+  formats they are held in: every matrix of the trunk once, the lm_head, one
+  embedding row, and of a MoE layer the router, the shared expert and the
+  routed experts a token takes (num_experts_per_tok of them, on average).
 """
 
 from __future__ import annotations
@@ -67,6 +71,27 @@ def decode_tok_s(model, n: int = 48) -> float:
     prompt = list(range(1, 17))
     generate(model, prompt, 4)                     # records the shapes
     return generate(model, prompt, n).decode_tok_s
+
+
+def weight_bytes_per_token(w, cfg) -> int:
+    """See the module docstring; ``w`` is the model's Weights."""
+    from .weights import MoeW
+
+    def mats(obj):
+        return [m for m in vars(obj).values() if hasattr(m, "nbytes") and hasattr(m, "fmt")]
+
+    total = w.lm_head.nbytes() + (w.embed.nbytes() // max(w.embed.rows, 1))
+    for lw in w.layers:
+        total += sum(m.nbytes() for m in mats(lw.mixer))
+        f = lw.ffn
+        if isinstance(f, MoeW):
+            total += f.router.nbytes() + (f.shared_gate.nbytes() if f.shared_gate is not None else 0)
+            total += sum(m.nbytes() for m in mats(f.shared)) if f.shared is not None else 0
+            per_expert = sum(m.nbytes() for e in f.experts for m in mats(e)) / max(len(f.experts), 1)
+            total += int(per_expert * cfg.num_experts_per_tok)
+        else:
+            total += sum(m.nbytes() for m in mats(f))
+    return int(total)
 
 
 def run(model, reps: int = 9) -> dict:

@@ -1,9 +1,11 @@
-"""Hugging Face checkpoints: config.json plus one or more .safetensors files, memory-mapped.
+"""Hugging Face checkpoints: config.json plus one or more .safetensors files,
+memory-mapped.
 
-The safetensors library validates each file (safe_open); tensors are then read
-as memory maps of the file (NumPy has no bfloat16 or float8 dtype, so those
-are widened to float32 exactly: bf16 by a 16-bit shift, FP8 e4m3 through its
-256-entry table times the block scale ``weight_scale_inv``).
+The safetensors library validates each file (safe_open); tensors are then
+read as views of the mapped file and stay in their dtype: a matrix becomes a
+formats.matrix.QWeight over its bytes (F32, F16, BF16, and F8_E4M3 with its
+128 x 128 block scales ``weight_scale_inv``, kept as a scale per row and 128
+columns); vectors (norms, biases, small parameters) are read as float32.
 """
 
 from __future__ import annotations
@@ -15,22 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import VkspecError
+from .formats.matrix import QWeight, from_array
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F8_E4M3": np.uint8,
+_DTYPES = {"F32": np.float32, "F16": np.uint16, "BF16": np.uint16, "F8_E4M3": np.uint8,
            "I8": np.int8, "U8": np.uint8, "I32": np.int32, "I64": np.int64}
-
-
-def _fp8_e4m3_table() -> np.ndarray:
-    b = np.arange(256, dtype=np.uint32)
-    s = np.where(b & 0x80, -1.0, 1.0)
-    e = (b >> 3) & 0xF
-    m = (b & 7).astype(np.float64)
-    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e.astype(np.float64) - 7))
-    v = np.where((e == 15) & ((b & 7) == 7), np.nan, v)     # e4m3fn: only S.1111.111 is NaN
-    return (s * v).astype(np.float32)
-
-
-FP8_E4M3 = _fp8_e4m3_table()
+_FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F8_E4M3": "fp8"}
 FP8_BLOCK = 128     # weight_block_size of FP8 checkpoints
 
 
@@ -88,33 +79,65 @@ class Checkpoint:
     def shape(self, name: str) -> tuple:
         return tuple(self.where[name].meta[name]["shape"])
 
-    def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
-        """The tensor as float32, checked against the expected shape."""
+    def dtype(self, name: str) -> str:
+        return self.where[name].meta[name]["dtype"]
+
+    def file_bytes(self) -> int:
+        return sum(f.path.stat().st_size for f in set(self.where.values()))
+
+    def _info(self, name: str, shape):
         if name not in self.where:
             raise VkspecError(f"{self.dir}: missing tensor {name}")
         f = self.where[name]
-        info = f.meta[name]
-        got = tuple(info["shape"])
+        got = tuple(f.meta[name]["shape"])
         if shape is not None and got != tuple(shape):
             raise VkspecError(f"{f.path}: tensor {name} has shape {list(got)}, expected {list(shape)}")
+        return f, f.meta[name]["dtype"]
+
+    def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
+        """A tensor as float32 (vectors and small parameters; matrices: matrix())."""
+        f, dt = self._info(name, shape)
         raw = f.raw(name)
-        dt = info["dtype"]
         if dt == "F32":
             return np.asarray(raw)
-        if dt == "F16":
-            return raw.astype(np.float32)
-        if dt == "BF16":
-            return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
         if dt == "F8_E4M3":
-            w = FP8_E4M3[raw]
-            sname = name.replace(".weight", ".weight_scale_inv")
-            if sname not in self.where:
-                raise VkspecError(f"{f.path}: FP8 tensor {name} has no {sname}")
-            s = self.get(sname)
-            blocks = (-(-got[0] // FP8_BLOCK), -(-got[1] // FP8_BLOCK))
-            if s.shape != blocks:
-                raise VkspecError(f"{f.path}: {sname} has shape {list(s.shape)}, expected "
-                                  f"{list(blocks)} for {FP8_BLOCK}x{FP8_BLOCK} blocks")
-            full = np.repeat(np.repeat(s, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:got[0], :got[1]]
-            return (w * full).astype(np.float32)
+            return self._fp8(name, f).astype(np.float32)
+        from .formats.matrix import dequantize
+        if dt in ("F16", "BF16"):
+            return dequantize(from_array(raw.reshape(-1, raw.shape[-1] if raw.ndim else 1),
+                                         _FORMATS[dt])).reshape(raw.shape)
         return raw.astype(np.float32)
+
+    def matrix(self, name: str, shape: tuple) -> QWeight:
+        """A 2-D (or stacked 3-D, flattened to rows) weight as it is stored."""
+        f, dt = self._info(name, shape)
+        if dt not in _FORMATS:
+            raise VkspecError(f"{f.path}: tensor {name} is {dt}, not a weight format ({', '.join(_FORMATS)})")
+        raw = f.raw(name)
+        rows, cols = int(np.prod(raw.shape[:-1])), raw.shape[-1]
+        if cols % 4:
+            raise VkspecError(f"{f.path}: tensor {name} has {cols} columns; vkspec needs a multiple of 4")
+        raw2 = raw.reshape(rows, cols)
+        if dt != "F8_E4M3":
+            return from_array(raw2, _FORMATS[dt])
+        return QWeight("fp8", rows, cols, raw2.view(np.uint8), self._fp8_scales(name, f, raw.shape))
+
+    def _fp8_scales(self, name, f, shape) -> np.ndarray:
+        sname = name.replace(".weight", ".weight_scale_inv")
+        if sname not in self.where:
+            raise VkspecError(f"{f.path}: FP8 tensor {name} has no {sname}")
+        s = self.get(sname)
+        rows, cols = shape[-2], shape[-1]
+        blocks = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+        if tuple(s.shape[-2:]) != blocks:
+            raise VkspecError(f"{f.path}: {sname} has shape {list(s.shape)}, expected "
+                              f"{list(blocks)} for {FP8_BLOCK}x{FP8_BLOCK} blocks")
+        per_row = np.repeat(s, FP8_BLOCK, axis=-2)[..., :rows, :]        # (..., rows, column blocks)
+        return np.ascontiguousarray(per_row.reshape(-1, blocks[1]))
+
+    def _fp8(self, name, f):
+        from .formats.matrix import dequantize
+        raw = f.raw(name)
+        return dequantize(QWeight("fp8", raw.shape[0], raw.shape[1], raw.view(np.uint8),
+                                  self._fp8_scales(name, f, raw.shape)))
+

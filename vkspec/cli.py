@@ -31,20 +31,27 @@ def _run(args) -> int:
     from .speculative import generate_spec
     from .speculative.sources import build, listed_size, save_vocab
     cfg = _spec_config(args)
-    tok = _tokenizer_for_run(args)
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
             raise VkspecError("--prompt-ids must be comma-separated integers") from None
-    elif tok is None:
-        raise VkspecError(f"{args.model}: no tokenizer.json (use --prompt-ids)")
+        tok = None
     else:
+        tok = _tokenizer_for_run(args)
+        if tok is None:
+            raise VkspecError(f"{args.model}: no tokenizer.json (use --prompt-ids)")
         prompt = tok.encode(args.prompt or "")
     if not prompt:
         raise VkspecError("empty prompt")
     tier = _tier(args, args.model)
+    if args.ctx is None:
+        # a run knows how many positions it needs: the device's KV cache and
+        # attention buffers are sized to them (the model's limit still holds)
+        args.ctx = -(-(len(prompt) + args.n + 8) // 64) * 64
     model = _load_for_spec(args, cfg, tier)
+    if args.prompt_ids is not None:
+        tok = _tokenizer_for_run(args)             # for the text of the output only
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     warm_s = 0.0
@@ -112,14 +119,18 @@ def _bench(args) -> int:
             print(table(rows, args.model, args.n))
             print(f"\n(written: {args.out}/bench.md, bench.json, bench.png)", file=sys.stderr)
         return 0 if all(r.get("identical") in (True, None) for r in rows) else 1
+    from .loader import Loader, open_checkpoint
+    cfg, ckpt = open_checkpoint(args.model, args.dtype)
+    per_token = bench.weight_bytes_per_token(Loader(cfg, ckpt, args.dtype).load(False), cfg)
     model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
     out = bench.run(model, reps=args.reps)
-    out["dtype"] = args.dtype
+    out.update(dtype=args.dtype, weight_bytes_per_token=per_token, file_bytes=ckpt.file_bytes())
     if args.json:
         print(json.dumps(out))
     else:
         print(f"{args.backend} {args.dtype}: decode {out['decode_tok_s']:.1f} tok/s, "
-              f"host share {out['host_share']:.1%}")
+              f"host share {out['host_share']:.1%}, weights read per token "
+              f"{out['weight_bytes_per_token'] / 2**20:.1f} MiB (file {out['file_bytes'] / 2**20:.1f} MiB)")
         print("n          " + " ".join(f"{n:>6}" for n in out["t_ratio"]))
         print("T(n)/T(1)  " + " ".join(f"{v:6.2f}" for v in out["t_ratio"].values()))
     return 0

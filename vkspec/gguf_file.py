@@ -1,17 +1,15 @@
-"""GGUF files (llama.cpp's format) for the dense Llama family, read with the
-PyPI ``gguf`` package.
+"""GGUF files (llama.cpp's format): metadata read once (vkspec.gguf_reader),
+weights kept in their blocks.
 
-* Weights: F32, F16, Q8_0 and Q4_1 tensors are dequantised at load by the
-  ``gguf`` package itself (``gguf.quants.dequantize``), so the weights vkspec
-  computes with equal that package's dequantisation bit for bit, and run as
-  f32. A GGUF is never re-quantised into another format (``--dtype`` other
-  than f32 is refused).
-* llama.cpp stores attn_q/attn_k rows permuted for its interleaved RoPE; they
-  are permuted back to Hugging Face's rotate-half order (a row permutation: no
-  arithmetic).
-* Config and tokenizer come from the metadata: the gpt2-style byte-level BPE
-  (tokens, merges, control tokens) rebuilt with ``tokenizers``, and the chat
-  template.
+* Weights: every 2-D tensor is a formats.matrix.QWeight over its bytes in the
+  mapped file (F32, F16, BF16, Q4_0 ... Q6_K): never widened, never
+  re-quantised. Vectors (norms) are read as float32.
+* llama.cpp stores a llama model's attn_q/attn_k rows permuted for its
+  interleaved RoPE; the matrix gets the row order back to Hugging Face's
+  rotate-half order (QWeight.order: nothing moves).
+* Config and tokenizer come from the same one read of the metadata: the
+  gpt2-style byte-level BPE (tokens, merges, control tokens) rebuilt with
+  ``tokenizers``, and the chat template.
 """
 
 from __future__ import annotations
@@ -21,8 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from .errors import VkspecError
+from .formats import ggml
+from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
+from .gguf_reader import read_gguf
 
-SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_1")
+ARCHITECTURES = ("llama",)
+_LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight",
+                "post_attention_layernorm.weight": "ffn_norm.weight",
+                "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+                "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+                "mlp.down_proj.weight": "ffn_down.weight"}
 
 
 def is_gguf(path) -> bool:
@@ -32,23 +39,20 @@ def is_gguf(path) -> bool:
 
 class GgufFile:
     def __init__(self, path):
-        import gguf
         self.path = Path(path)
         self.dir = self.path
-        try:
-            self.reader = gguf.GGUFReader(str(self.path))
-        except Exception as e:                       # the package raises ValueError and friends
-            raise VkspecError(f"{self.path}: not a readable GGUF file ({str(e).splitlines()[0]})") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.g = read_gguf(self.path)
+        self.tensors = self.g.tensors
         self.arch = self.meta("general.architecture")
-        if self.arch != "llama":
-            raise VkspecError(f"{self.path}: architecture {self.arch!r} is not supported (llama)")
+        if self.arch not in ARCHITECTURES:
+            raise VkspecError(f"{self.path}: architecture {self.arch!r} is not supported "
+                              f"({', '.join(ARCHITECTURES)})")
 
     def meta(self, key, default=None):
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        return f.contents()
+        return self.g.metadata.get(key, default)
+
+    def file_bytes(self) -> int:
+        return self.g.file_size
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:
@@ -56,13 +60,14 @@ class GgufFile:
         need = lambda k: self._need(f"{a}.{k}")  # noqa: E731
         heads = int(need("attention.head_count"))
         hidden = int(need("embedding_length"))
-        vocab = self.meta(f"{a}.vocab_size") or len(self.meta("tokenizer.ggml.tokens") or [])
+        tokens = self.meta("tokenizer.ggml.tokens")
+        vocab = self.meta(f"{a}.vocab_size") or (len(tokens) if tokens is not None else 0)
         eos = self.meta("tokenizer.ggml.eos_token_id")
         return {
             "model_type": "llama", "vocab_size": int(vocab), "hidden_size": hidden,
             "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
             "num_key_value_heads": int(self.meta(f"{a}.attention.head_count_kv", heads)),
-            "head_dim": int(self.meta(f"{a}.rope.dimension_count", hidden // heads)),
+            "head_dim": int(self.meta(f"{a}.rope.dimension_count", hidden // max(heads, 1))),
             "intermediate_size": int(need("feed_forward_length")),
             "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
             "rope_theta": float(self.meta(f"{a}.rope.freq_base", 10000.0)),
@@ -86,43 +91,52 @@ class GgufFile:
         if name == "lm_head.weight":
             return "output.weight"
         parts = name.split(".")
-        if parts[:2] == ["model", "layers"]:
-            i, rest = parts[2], ".".join(parts[3:])
-            table = {"input_layernorm.weight": "attn_norm.weight",
-                     "post_attention_layernorm.weight": "ffn_norm.weight",
-                     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-                     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-                     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-                     "mlp.down_proj.weight": "ffn_down.weight"}
-            if rest in table:
-                return f"blk.{i}.{table[rest]}"
+        if parts[:2] == ["model", "layers"] and ".".join(parts[3:]) in _LAYER_NAMES:
+            return f"blk.{parts[2]}.{_LAYER_NAMES['.'.join(parts[3:])]}"
         return name
 
     def __contains__(self, name: str) -> bool:
         return self._gguf_name(name) in self.tensors
 
-    def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
-        import gguf
+    def _info(self, name: str, shape):
         g = self._gguf_name(name)
         t = self.tensors.get(g)
         if t is None:
             raise VkspecError(f"{self.path}: missing tensor {g} ({name})")
-        kind = t.tensor_type.name
-        if kind not in SUPPORTED_TYPES:
-            raise VkspecError(f"{self.path}: tensor {g} is {kind}; supported: {', '.join(SUPPORTED_TYPES)}")
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
-        w = np.asarray(w, dtype=np.float32).reshape(tuple(int(x) for x in reversed(t.shape)))
-        if len(w.shape) == 2 and w.shape[0] == 1 and shape is not None and len(shape) == 1:
-            w = w[0]
-        if shape is not None and tuple(w.shape) != tuple(shape):
-            raise VkspecError(f"{self.path}: tensor {g} has shape {tuple(w.shape)}, expected {tuple(shape)}")
-        if g.endswith(("attn_q.weight", "attn_k.weight")):
-            a = self.arch
-            heads = int(self.meta(f"{a}.attention.head_count"))
+        got = t.numpy_shape
+        if len(got) == 2 and got[0] == 1 and shape is not None and len(shape) == 1:
+            got = got[1:]
+        if shape is not None and tuple(got) != tuple(shape):
+            raise VkspecError(f"{self.path}: tensor {g} has shape {tuple(got)}, expected {tuple(shape)}")
+        return g, t
+
+    def matrix(self, name: str, shape: tuple) -> QWeight:
+        """A 2-D weight in its own blocks, a view of the mapped file."""
+        g, t = self._info(name, shape)
+        fmt = t.ggml_type.name.lower()
+        if fmt not in FORMATS:
+            raise VkspecError(f"{self.path}: tensor {g} is {t.ggml_type.name}; supported: "
+                              f"{', '.join(n.upper() for n in ggml.TYPES)}")
+        rows, cols = shape
+        if cols % 4:
+            raise VkspecError(f"{self.path}: tensor {g} has {cols} columns; vkspec needs a multiple of 4")
+        w = QWeight(fmt, rows, cols, self.g.tensor_bytes(g).reshape(rows, -1), no_scales())
+        if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = int(self.meta(f"{self.arch}.attention.head_count"))
             if g.endswith("attn_k.weight"):
-                heads = int(self.meta(f"{a}.attention.head_count_kv", heads))
-            w = unpermute_rope_rows(w, heads)
-        return np.ascontiguousarray(w)
+                heads = int(self.meta(f"{self.arch}.attention.head_count_kv", heads))
+            w = w.reordered(unpermute_rope_order(rows, heads))
+        return w
+
+    def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
+        """A tensor as float32 (vectors and small parameters; weights: matrix())."""
+        g, t = self._info(name, shape)
+        fmt = t.ggml_type.name.lower()
+        if fmt not in FORMATS:
+            raise VkspecError(f"{self.path}: tensor {g} is {t.ggml_type.name}, not a supported type")
+        elems = int(np.prod(t.shape))
+        v = dequantize(QWeight(fmt, 1, elems, self.g.tensor_bytes(g).reshape(1, -1), no_scales()))
+        return v.reshape(shape if shape is not None else t.numpy_shape)
 
     # --- tokenizer ----------------------------------------------------------------------
     def tokenizer(self):
@@ -130,9 +144,10 @@ class GgufFile:
         if self.meta("tokenizer.ggml.model") != "gpt2":
             raise VkspecError(f"{self.path}: tokenizer model {self.meta('tokenizer.ggml.model')!r} "
                               "is not supported (gpt2 byte-level BPE)")
-        tokens = self.meta("tokenizer.ggml.tokens")
+        tokens = list(self.meta("tokenizer.ggml.tokens"))
         merges = [tuple(m.split(" ", 1)) for m in self.meta("tokenizer.ggml.merges")]
-        types = self.meta("tokenizer.ggml.token_type") or [1] * len(tokens)
+        types = self.meta("tokenizer.ggml.token_type")
+        types = [1] * len(tokens) if types is None else np.asarray(types).tolist()
         tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                   ignore_merges=False))
         pre = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
@@ -148,8 +163,13 @@ class GgufFile:
         return self.meta("tokenizer.chat_template")
 
 
-def unpermute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's q/k row order (pairs interleaved per head) back to rotate-half order."""
-    rows = w.shape[0]
+def unpermute_rope_order(rows: int, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order (pairs interleaved per head) back to
+    rotate-half order: logical row i is stored row order[i]."""
     half = rows // heads // 2
-    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(-1)
+
+
+def unpermute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """The same, applied to an array of rows (the tests' reference)."""
+    return w[unpermute_rope_order(w.shape[0], heads)]

@@ -19,12 +19,16 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import VkspecError
 from .formats.quant import quantize
-from .weights import AttnW, DeltaW, LayerW, MlpW, MoeW, MtpW, Weights, stack_experts
+from .weights import AttnW, DeltaW, LayerW, MlpW, MoeW, MtpW, Weights
 
 f32 = np.float32
 
 
 class Loader:
+    """Reads one tensor at a time. Matrices stay in the checkpoint's format
+    (views of the mapped file) unless ``fmt`` asks for int8 / int4-g64, which
+    quantises each one alone; vectors (norms, biases) are read as float32."""
+
     def __init__(self, cfg: ModelConfig, ckpt: Checkpoint, fmt: str):
         self.cfg, self.ckpt, self.fmt = cfg, ckpt, fmt
 
@@ -35,8 +39,9 @@ class Loader:
         w = self.t(name, (n,))
         return (f32(1.0) + w).astype(f32) if self.cfg.norm_plus_one else np.array(w, dtype=f32)
 
-    def lin(self, name, rows, cols):
-        return quantize(self.t(name, (rows, cols)), self.fmt)
+    def lin(self, name, rows, cols, order=None):
+        w = self.ckpt.matrix(name, (rows, cols))
+        return quantize(w if order is None else w.reordered(order), self.fmt)
 
     def attn(self, p) -> AttnW:
         c = self.cfg
@@ -57,16 +62,16 @@ class Loader:
                              c.linear_key_head_dim, c.linear_value_head_dim, c.hidden_size)
         r = nv // nk
         per = 2 * dk + 2 * r * dv
-        w = self.t(f"{p}.in_proj_qkvz.weight", (nk * per, h)).reshape(nk, per, h)
-        q, k = w[:, :dk], w[:, dk:2 * dk]
-        v, z = w[:, 2 * dk:2 * dk + r * dv], w[:, 2 * dk + r * dv:]
-        qkvz = np.concatenate([x.reshape(-1, h) for x in (q, k, v, z)])
-        ba = self.t(f"{p}.in_proj_ba.weight", (nk * 2 * r, h)).reshape(nk, 2 * r, h)
-        ba = np.concatenate([ba[:, :r].reshape(-1, h), ba[:, r:].reshape(-1, h)])
+        heads = np.arange(nk)[:, None]
+        # rows grouped per key head [q, k, v(r heads), z(r heads)] -> [q all | k all | v all | z all]
+        qkvz = np.concatenate([(heads * per + lo + np.arange(n)).reshape(-1)
+                               for lo, n in ((0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv))])
+        ba = np.concatenate([(heads * 2 * r + lo + np.arange(r)).reshape(-1) for lo in (0, r)])
         conv_dim = 2 * nk * dk + nv * dv
         kk = c.linear_conv_kernel_dim
         return DeltaW(
-            qkvz=quantize(qkvz, self.fmt), ba=quantize(ba, self.fmt),
+            qkvz=self.lin(f"{p}.in_proj_qkvz.weight", nk * per, h, qkvz),
+            ba=self.lin(f"{p}.in_proj_ba.weight", nk * 2 * r, h, ba),
             conv=np.ascontiguousarray(self.t(f"{p}.conv1d.weight", (conv_dim, 1, kk))[:, 0]),
             dt_bias=np.array(self.t(f"{p}.dt_bias", (nv,)), dtype=f32),
             neg_exp_a=-exact.exp(self.t(f"{p}.A_log", (nv,))),
@@ -82,18 +87,18 @@ class Loader:
     def moe(self, p) -> MoeW:
         c = self.cfg
         h, e, mi = c.hidden_size, c.num_experts, c.moe_intermediate_size
-        if f"{p}.experts.gate_up_proj" in self.ckpt:     # transformers' fused layout
-            gu = self.t(f"{p}.experts.gate_up_proj", (e, 2 * mi, h))
-            dn = self.t(f"{p}.experts.down_proj", (e, h, mi))
-            experts = [MlpW(quantize(gu[i, :mi], self.fmt), quantize(gu[i, mi:], self.fmt),
-                            quantize(dn[i], self.fmt)) for i in range(e)]
+        if f"{p}.experts.gate_up_proj" in self.ckpt:     # transformers' fused layout: views of one tensor
+            gu = self.ckpt.matrix(f"{p}.experts.gate_up_proj", (e, 2 * mi, h))
+            dn = self.ckpt.matrix(f"{p}.experts.down_proj", (e, h, mi))
+            experts = [MlpW(quantize(gu.rows_of(2 * mi * i, 2 * mi * i + mi), self.fmt),
+                            quantize(gu.rows_of(2 * mi * i + mi, 2 * mi * (i + 1)), self.fmt),
+                            quantize(dn.rows_of(h * i, h * (i + 1)), self.fmt)) for i in range(e)]
         else:
             experts = [self.mlp(f"{p}.experts.{i}", mi) for i in range(e)]
         si = c.shared_expert_intermediate_size
         return MoeW(router=self.lin(f"{p}.gate.weight", e, h), experts=experts,
                     shared=self.mlp(f"{p}.shared_expert", si) if si else None,
-                    shared_gate=self.lin(f"{p}.shared_expert_gate.weight", 1, h) if si else None,
-                    stacked=stack_experts(experts) if self.fmt == "f32" else None)
+                    shared_gate=self.lin(f"{p}.shared_expert_gate.weight", 1, h) if si else None)
 
     def layer(self, p, i, kind) -> LayerW:
         c = self.cfg
@@ -105,14 +110,14 @@ class Loader:
     def load(self, mtp: bool) -> Weights:
         c = self.cfg
         h, v = c.hidden_size, c.vocab_size
-        embed = np.array(self.t("model.embed_tokens.weight", (v, h)), dtype=f32)
+        embed = self.ckpt.matrix("model.embed_tokens.weight", (v, h))     # looked up, never quantised here
         layers = [self.layer(f"model.layers.{i}", i, kind) for i, kind in enumerate(c.layer_types)]
         head_name = "model.embed_tokens.weight" if c.tie_word_embeddings or "lm_head.weight" not in self.ckpt \
             else "lm_head.weight"
         if head_name == "model.embed_tokens.weight" and not c.tie_word_embeddings:
             raise VkspecError(f"{self.ckpt.dir}: missing tensor lm_head.weight")
-        w = Weights(embed=embed, layers=layers, norm=self.norm("model.norm.weight", h),
-                    lm_head=self.lin(head_name, v, h))
+        head = quantize(embed, self.fmt) if head_name == "model.embed_tokens.weight" else self.lin(head_name, v, h)
+        w = Weights(embed=embed, layers=layers, norm=self.norm("model.norm.weight", h), lm_head=head)
         if mtp:
             moe_mtp = c.num_experts > 0
             lw = LayerW("full_attention", self.norm("mtp.layers.0.input_layernorm.weight", h),
@@ -130,25 +135,29 @@ def has_mtp(ckpt) -> bool:
     return "mtp.fc.weight" in ckpt
 
 
+def open_checkpoint(model_dir, fmt: str = "f32"):
+    """(config, checkpoint) of a checkpoint directory or a .gguf file; the
+    metadata is read once."""
+    from .config import from_dict, load_config
+    from .gguf_file import GgufFile, is_gguf
+    if is_gguf(model_dir):
+        if fmt != "f32":
+            raise VkspecError(f"{model_dir}: a GGUF runs in its own blocks; --dtype {fmt} would "
+                              "re-quantise it")
+        ckpt = GgufFile(model_dir)
+        return from_dict(ckpt.config_dict(), str(model_dir)), ckpt
+    return load_config(model_dir), Checkpoint(model_dir)
+
+
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
                backend: str = "cpu", device_gb: float | None = None, tier=None):
     """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
     dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
     routed experts on the device). Both have the same interface and give the
     same bits."""
-    from .config import from_dict, load_config
-    from .gguf_file import GgufFile, is_gguf
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
-    if is_gguf(model_dir):
-        if fmt != "f32":
-            raise VkspecError(f"{model_dir}: a GGUF runs at f32 (its own weights, dequantised "
-                              f"exactly); --dtype {fmt} would re-quantise it")
-        ckpt = GgufFile(model_dir)
-        cfg = from_dict(ckpt.config_dict(), str(model_dir))
-    else:
-        cfg = load_config(model_dir)
-        ckpt = Checkpoint(model_dir)
+    cfg, ckpt = open_checkpoint(model_dir, fmt)
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
         raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")

@@ -1,23 +1,28 @@
-"""`vkspec plan MODEL`: the memory plan, from the same list of tensors the dense
-chain allocates (VulkanModel.memory_plan), so the two cannot drift apart.
+"""`vkspec plan MODEL`: the memory plan, from the allocation code the dense
+chain runs (VulkanModel.planned runs it without a device), so the two cannot
+drift apart.
 
 Figures (bytes):
-* dense weights: everything the trunk reads except routed experts;
+* file: the checkpoint's bytes, memory-mapped; the CPU backend computes from
+  them where they are (pages the OS loads on demand), nothing widened;
+* dense weights: everything the trunk reads except routed experts, on the
+  device in the file's own formats;
 * routed experts: all of them, and the part the tier keeps on the device;
 * KV cache at the context length; the MTP head (its weights and KV cache);
 * recurrent state: the two regions every DeltaNet layer has, and the copy
   slots (one slot = every DeltaNet layer's conv ring and state);
+* staging: the one host-visible buffer every upload goes through;
 * working buffers (activations, routing, step buffer, logits per row count);
-* host RAM: the weights the host keeps (the CPU path computes the experts the
-  device does not hold, and uploads them from there).
+* host RAM beyond the mapped file: what the host makes of its own (weights
+  quantised at load with --dtype; vectors read as float32) and, with the
+  Vulkan backend, what it keeps after the upload (the tier's CPU fallback
+  reads the experts the device does not hold from the mapped file).
 """
 
 from __future__ import annotations
 
 from .backends.vulkan.model import VulkanModel
-from .config import load_config
-from .checkpoint import Checkpoint
-from .loader import Loader, has_mtp
+from .loader import Loader, has_mtp, open_checkpoint
 from .weights import MoeW
 
 MiB = float(1 << 20)
@@ -25,8 +30,7 @@ MiB = float(1 << 20)
 
 def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapshots: int = 7,
          drafts: int = 7) -> dict:
-    cfg = load_config(model_dir)
-    ckpt = Checkpoint(model_dir)
+    cfg, ckpt = open_checkpoint(model_dir, fmt)
     mtp = has_mtp(ckpt)
     w = Loader(cfg, ckpt, fmt).load(mtp)
     slots = min(snapshots, drafts)
@@ -38,23 +42,24 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
         return int(part[5:].split(".")[0]) if part.startswith("layer") else None
 
     fig = dict(dense_weights=0, routed_experts_on_device=0, kv_cache=0, mtp_head=0,
-               recurrent_state=0, working_buffers=0)
+               recurrent_state=0, staging=0, working_buffers=0)
     for name, b in p.items:
         kind, li = name.split(":")[0], layer_of(name)
         is_mtp = (li is not None and li >= n_trunk) or name.startswith("weights:mtp.")
-        routed = kind == "experts" or (kind == "weights" and name.endswith(
-            (".gate_up", ".gate_up.scales", ".down", ".down.scales")) and li is not None
-            and isinstance(w.layers[li].ffn if li < n_trunk else None, MoeW))
+        routed = kind == "experts" or (kind == "weights" and ".gate_up" in name or ".down" in name) \
+            and li is not None and li < n_trunk and isinstance(w.layers[li].ffn, MoeW) and ".sh_" not in name
         if is_mtp:
             fig["mtp_head"] += b
         elif routed:
             fig["routed_experts_on_device"] += b
-        elif kind == "weights" or kind == "rope":
+        elif kind in ("weights", "rope"):
             fig["dense_weights"] += b
         elif kind == "kv":
             fig["kv_cache"] += b
         elif kind == "state":
             fig["recurrent_state"] += b
+        elif kind == "staging":
+            fig["staging"] += b
         else:
             fig["working_buffers"] += b
     c = cfg
@@ -64,13 +69,14 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
                           + c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim) * 4
     experts_all = sum(int(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes())
                       for lw in w.layers if isinstance(lw.ffn, MoeW) for e in lw.ffn.experts)
-    host = int(w.embed.nbytes) + sum(q.nbytes() for q in qweights(w))
+    made_here = sum(q.nbytes() for q in qweights(w)) if fmt != "f32" else 0
     out = dict(model=str(model_dir), dtype=fmt, context=p_ctx(cfg, ctx), mtp=mtp,
                snapshots=snapshots, drafts=drafts, copy_slots=slots,
                copy_slot_bytes=per_slot, copy_slots_bytes=per_slot * slots,
-               routed_experts=experts_all,
+               routed_experts=experts_all, file=ckpt.file_bytes(),
                tier_budget=None if tier is None else int(tier.budget_gb * (1 << 30)),
-               device_total=p.total, host_ram=host + (experts_all if tier is not None else 0), **fig)
+               device_total=p.total, host_ram_cpu=made_here,
+               host_ram=(experts_all if tier is not None and fmt != "f32" else 0), **fig)
     return out
 
 
@@ -80,7 +86,7 @@ def p_ctx(cfg, ctx):
 
 def qweights(obj, seen=None):
     """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
-    from .formats.quant import QWeight
+    from .formats.matrix import QWeight
     seen = seen if seen is not None else set()
     if id(obj) in seen:
         return []
@@ -96,7 +102,8 @@ def qweights(obj, seen=None):
 
 
 def table(d: dict) -> str:
-    rows = [("dense weights", d["dense_weights"]),
+    rows = [("checkpoint file (memory-mapped)", d["file"]),
+            ("dense weights", d["dense_weights"]),
             ("routed experts (all)", d["routed_experts"]),
             ("routed experts on the device", d["routed_experts_on_device"]),
             (f"KV cache at {d['context']} tokens", d["kv_cache"]),
@@ -104,9 +111,11 @@ def table(d: dict) -> str:
             ("recurrent state (2 regions)", d["recurrent_state"] - d["copy_slots_bytes"]),
             (f"recurrent copy slots ({d['copy_slots']} x {d['copy_slot_bytes'] / MiB:.3f} MiB)",
              d["copy_slots_bytes"]),
+            ("upload staging", d["staging"]),
             ("working buffers", d["working_buffers"]),
             ("device total", d["device_total"]),
             ("tier budget", d["tier_budget"]),
-            ("host RAM (weights kept on the host)", d["host_ram"])]
+            ("host RAM beyond the file, CPU backend", d["host_ram_cpu"]),
+            ("host RAM beyond the file, Vulkan backend", d["host_ram"])]
     w = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{w}}  " + ("-" if b is None else f"{b / MiB:10.3f} MiB") for name, b in rows)

@@ -166,9 +166,29 @@ def bf16_values(a: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
+def save_bf16(tensors: dict[str, np.ndarray], path: Path):
+    """A safetensors file whose tensors are BF16 (the high halves of the
+    float32 values, which must be bfloat16 values). NumPy has no bfloat16, so
+    the file is written as uint16 and its header then names the dtype."""
+    import json as _json
+    import struct
+    halves = {k: (np.ascontiguousarray(v, np.float32).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+              for k, v in tensors.items()}
+    save_file(halves, str(path), metadata={"format": "pt"})
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = _json.loads(raw[8:8 + n])
+    for k, info in header.items():
+        if k != "__metadata__":
+            info["dtype"] = "BF16"
+    text = _json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+
+
 def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, bf16: bool = False, **kw) -> Path:
-    """A random model (``bf16``: every weight a bfloat16 value, as a bf16
-    checkpoint's are)."""
+    """A random model (``bf16``: a BF16 checkpoint, every weight rounded to
+    its bfloat16 value)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(**kw)
@@ -176,8 +196,9 @@ def make_tiny(out_dir: Path, seed: int = 0, echo: bool = False, bf16: bool = Fal
     if echo:
         make_echo(weights, cfg)
     if bf16:
-        weights = {k: bf16_values(v) for k, v in weights.items()}
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_bf16({k: bf16_values(v) for k, v in weights.items()}, out / "model.safetensors")
+    else:
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     make_tokenizer(cfg["vocab_size"]).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({

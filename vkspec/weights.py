@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats.quant import QWeight
+from .formats.matrix import QWeight
 
 
 @dataclass
@@ -48,7 +48,6 @@ class MoeW:
     experts: list[MlpW]
     shared: MlpW | None
     shared_gate: QWeight | None
-    stacked: tuple | None = None  # f32: every expert's (gate, up, down) in one array each
 
 
 @dataclass
@@ -71,21 +70,8 @@ class MtpW:
 
 @dataclass
 class Weights:
-    embed: np.ndarray         # (V, H) float32
+    embed: QWeight            # (V, H), looked up row by row
     layers: list[LayerW]
     norm: np.ndarray
     lm_head: QWeight
     mtp: MtpW | None = None
-
-
-def stack_experts(experts: list[MlpW]) -> tuple:
-    """One (E, rows, cols_p) array per projection, each expert's weight a view
-    of it (no second copy): the compiled CPU path runs every routed pair of a
-    block in one call."""
-    out = []
-    for name in ("gate", "up", "down"):
-        stack = np.stack([getattr(e, name).data for e in experts])
-        for e, view in zip(experts, stack):
-            getattr(e, name).data = view
-        out.append(stack)
-    return tuple(out)

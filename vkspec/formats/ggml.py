@@ -44,13 +44,11 @@ itself returns either operand's payload for the same ``x + m`` depending on
 the array's shape (measured: one block gives m's, two give x's). A NaN stays a
 NaN; its payload is not part of the definition. Every other bit is.
 
-Rules the source follows so that ``numba.njit`` compiles this very code and
-gives the same bits (``compiled()``; tested): whole-array operations,
-explicit dtypes on every constant (``np.uint8(15)``, never a bare ``15``, which
-numba would type as int64), integer unpacking in uint8/int32/uint32 only, and
-no ``np.hsplit``/``view(np.float16)``. f16 is widened by integer bit
-manipulation (``f16_bits_to_f32``), because GLSL and the compiled kernels
-have no half type.
+f16 is widened by integer bit manipulation (``f16_bits_to_f32``), because
+GLSL and the compiled kernels have no half type. The compiled CPU decoders
+(backends/cpu/jit_blocks.py) and the shaders (shaders/weights.glsl) write
+these formulas again, one element at a time; tests/test_formats.py holds
+them to this file over random and edge blocks.
 
 Each type's layout is a per-element table (which byte, which shift), built by
 walking the blocks the way llama.cpp's ``dequantize_row_*`` in ggml-quants.c
@@ -60,8 +58,6 @@ whole-array lines.
 
 from __future__ import annotations
 
-import functools
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -384,28 +380,3 @@ def dequantize(data, type_name: str):
     t = TYPES[type_name]
     blocks = np.ascontiguousarray(data, dtype=np.uint8).reshape((-1, t.block_bytes))
     return t.dequantize(blocks).reshape(-1)
-
-
-# --- the same source, compiled -------------------------------------------------------------
-
-_COMPILED_NAMES = ("f16_bits_to_f32", "_u16", "_f16", "_field", "_signed8", "_k4_scales_mins",
-                   "_q3_k_scales") + tuple(t.dequantize.__name__ for t in TYPES.values())
-
-
-@functools.cache
-def compiled() -> dict[str, Callable]:
-    """Every function above compiled by numba from its own code object: one
-    source for the arithmetic, no hand copy. Each clone sees the compiled
-    clones of its helpers (numba resolves globals at compile time) and the
-    layout tables as constants. Compiled without fast-math: no reassociation,
-    no contraction into fused multiply-adds, denormals kept.
-
-    Returns {function name: dispatcher}, e.g. ``compiled()["dequantize_q4_k"]``."""
-    from numba import njit
-    scope = dict(globals())
-    out = {}
-    for name in _COMPILED_NAMES:
-        f = globals()[name]
-        clone = types.FunctionType(f.__code__, scope, name, f.__defaults__, f.__closure__)
-        out[name] = scope[name] = njit(boundscheck=False, error_model="numpy", cache=True)(clone)
-    return out

@@ -1,30 +1,26 @@
 #version 450
-// variants: f32=W_F32 bf16=W_BF16 q8=W_Q8 q4=W_Q4 f32_acc=W_F32,ACC bf16_acc=W_BF16,ACC q8_acc=W_Q8,ACC q4_acc=W_Q4,ACC f32_routed=W_F32,ROUTED bf16_routed=W_BF16,ROUTED q8_routed=W_Q8,ROUTED q4_routed=W_Q4,ROUTED f32_rowmap=W_F32,ROWMAP bf16_rowmap=W_BF16,ROWMAP q8_rowmap=W_Q8,ROWMAP q4_rowmap=W_Q4,ROWMAP
+// variants: f32=W_F32 f16=W_F16 bf16=W_BF16 int8=W_INT8 int4_g64=W_INT4_G64 fp8=W_FP8 q4_0=W_Q4_0 q4_1=W_Q4_1 q5_0=W_Q5_0 q5_1=W_Q5_1 q8_0=W_Q8_0 q2_k=W_Q2_K q3_k=W_Q3_K q4_k=W_Q4_K q5_k=W_Q5_K q6_k=W_Q6_K f32_routed=W_F32,ROUTED f16_routed=W_F16,ROUTED bf16_routed=W_BF16,ROUTED int8_routed=W_INT8,ROUTED int4_g64_routed=W_INT4_G64,ROUTED fp8_routed=W_FP8,ROUTED q4_0_routed=W_Q4_0,ROUTED q4_1_routed=W_Q4_1,ROUTED q5_0_routed=W_Q5_0,ROUTED q5_1_routed=W_Q5_1,ROUTED q8_0_routed=W_Q8_0,ROUTED q2_k_routed=W_Q2_K,ROUTED q3_k_routed=W_Q3_K,ROUTED q4_k_routed=W_Q4_K,ROUTED q5_k_routed=W_Q5_K,ROUTED q6_k_routed=W_Q6_K,ROUTED f32_rowmap=W_F32,ROWMAP f16_rowmap=W_F16,ROWMAP bf16_rowmap=W_BF16,ROWMAP int8_rowmap=W_INT8,ROWMAP int4_g64_rowmap=W_INT4_G64,ROWMAP fp8_rowmap=W_FP8,ROWMAP q4_0_rowmap=W_Q4_0,ROWMAP q4_1_rowmap=W_Q4_1,ROWMAP q5_0_rowmap=W_Q5_0,ROWMAP q5_1_rowmap=W_Q5_1,ROWMAP q8_0_rowmap=W_Q8_0,ROWMAP q2_k_rowmap=W_Q2_K,ROWMAP q3_k_rowmap=W_Q3_K,ROWMAP q4_k_rowmap=W_Q4_K,ROWMAP q5_k_rowmap=W_Q5_K,ROWMAP q6_k_rowmap=W_Q6_K,ROWMAP
 // y[r][m] = dot(x[r], w[m]) for up to 8 input rows, each weight read once.
-// Twin of backends/cpu/ops.py gemv. One invocation computes one output row, visiting
-// the 32 lanes of the canonical order one after another; each input row keeps
-// its own accumulators, so row r's bits do not depend on how many rows ran.
-// ACC adds the result to y (the residual stream: x + gemv(w, h) in one pass).
+// Twin of backends/cpu/ops.py gemv. One invocation computes one output row,
+// visiting the 32 lanes of the canonical order one after another; each input
+// row keeps its own accumulators, so row r's bits do not depend on how many
+// rows ran. Weights in any format of weights.glsl (W_<FORMAT>), rows of
+// row_bytes bytes from byte w_off; columns past `cols` are never read (a
+// padded column adds +0 to a lane that is never -0: the same bits).
+// acc != 0 adds the result to y (the residual stream: x + gemv(w, h) in one pass).
 // ROUTED (the experts): invocation (m, pair) computes one row of expert
 // idx[pair]'s matrix (held in device slot slot_of[expert]) for input row
 // pair / x_div, into output row pair; a pair whose expert has no slot is
 // left alone (the expert tier computes it on the CPU).
 // ROWMAP (the MTP head's draft vocabulary): output row m is weight row
-// row_of[m], so the lm_head scores only the listed ids.
-// Weights: W_F32 rows of float; W_BF16 f32 values that are bf16 values, as
-// their high halves (2 per uint, column 2i low): half the bytes, same values;
-// W_Q8 int8 x per-row scale (4 per uint);
-// W_Q4 unsigned nibble - 8, x scale per 64 columns (8 per uint).
+// row_of[m], computed by the dispatch whose part holds that row (a matrix
+// larger than one buffer is split in parts of part_rows rows from first_row).
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 
 layout(local_size_x = 64) in;
 
-#ifdef W_F32
-layout(std430, binding = 0) readonly buffer W { vec4 w4[]; };
-#else
 layout(std430, binding = 0) readonly buffer W { uint wq[]; };
-#endif
 layout(std430, binding = 1) readonly buffer S { float scales[]; };
 layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 3) buffer Y { float y[]; };
@@ -38,43 +34,39 @@ layout(std430, binding = 4) readonly buffer RM { uint row_of[]; };
 
 layout(push_constant) uniform Push {
     uint rows;      // output rows (M)
-    uint cols;      // columns, padded to a multiple of 128
+    uint cols;      // columns (K, a multiple of 4)
     uint nvec;      // input rows, 1..8 (ROUTED: pairs, one per invocation)
-    uint w_off;     // first weight element (floats for f32, uints otherwise)
+    uint w_off;     // first weight byte
     uint s_off;     // first scale
     uint x_off;     // first input float (multiple of 4)
     uint x_stride;  // floats between input rows (multiple of 4)
     uint y_off;     // first output float
     uint y_stride;  // floats between output rows
-    uint w_expert;  // ROUTED: weight elements per expert
+    uint row_bytes; // bytes between weight rows
+    uint s_stride;  // scales between weight rows
+    uint acc;       // 1: y += the result
+    uint w_expert;  // ROUTED: weight bytes per expert
     uint s_expert;  // ROUTED: scales per expert
     uint x_div;     // ROUTED: pairs per input row
     uint idx_off;   // ROUTED: first expert index
+    uint first_row; // ROWMAP: the part's first weight row
+    uint part_rows; // ROWMAP: the part's rows
 } p;
+
+#include "weights.glsl"
 
 #define MAXR 8u
 
 uint w_base, s_base;
 
-vec4 load_w(uint row, uint col) {
+vec4 load_w(uint wrow, uint col) {
+    uint rb = w_base + wrow * p.row_bytes, s0 = s_base + wrow * p.s_stride;
 #if defined(W_F32)
-    return w4[(w_base + row * p.cols + col) >> 2];
-#elif defined(W_BF16)
-    uint i = w_base + ((row * p.cols + col) >> 1);
-    uint a = wq[i], b = wq[i + 1u];
-    return vec4(uintBitsToFloat(a << 16), uintBitsToFloat(a & 0xffff0000u),
-                uintBitsToFloat(b << 16), uintBitsToFloat(b & 0xffff0000u));
-#elif defined(W_Q8)
-    int u = int(wq[w_base + ((row * p.cols + col) >> 2)]);
-    vec4 q = vec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8),
-                  bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
-    precise vec4 r = q * scales[s_base + row];
-    return r;
-#elif defined(W_Q4)
-    uint u = wq[w_base + ((row * p.cols + col) >> 3)] >> ((col & 4u) * 4u);
-    vec4 q = vec4(ivec4(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, (u >> 12) & 15u) - 8);
-    precise vec4 r = q * scales[s_base + row * (p.cols >> 6) + (col >> 6)];
-    return r;
+    uint i = (rb >> 2) + col;
+    return uintBitsToFloat(uvec4(wq[i], wq[i + 1u], wq[i + 2u], wq[i + 3u]));
+#else
+    return vec4(w_value(rb, s0, col), w_value(rb, s0, col + 1u), w_value(rb, s0, col + 2u),
+                w_value(rb, s0, col + 3u));
 #endif
 }
 
@@ -107,12 +99,12 @@ void rows_of(uint row, uint wrow, uint x_off, uint y_off, const uint nvec) {
     }
     for (uint r = 0u; r < nvec; r++) {
         uint o = y_off + r * p.y_stride + row;
-#ifdef ACC
-        precise float v = y[o] + st[r][0];
-        y[o] = v;
-#else
-        y[o] = st[r][0];
-#endif
+        if (p.acc != 0u) {
+            precise float v = y[o] + st[r][0];
+            y[o] = v;
+        } else {
+            y[o] = st[r][0];
+        }
     }
 }
 
@@ -124,6 +116,8 @@ void main() {
     uint nvec = p.nvec, x_off = p.x_off, y_off = p.y_off;
 #ifdef ROWMAP
     uint wrow = row_of[row];
+    if (wrow < p.first_row || wrow >= p.first_row + p.part_rows) return;
+    wrow -= p.first_row;
 #else
     uint wrow = row;
 #endif

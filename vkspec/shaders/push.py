@@ -82,6 +82,10 @@ class Embed:
     n: u32                 # hidden size
     y_off: u32 = 0
     y_stride: u32
+    row_bytes: u32
+    s_stride: u32 = 0
+    first_row: u32 = 0
+    part_rows: u32
 
 
 @dataclass(kw_only=True)
@@ -94,18 +98,23 @@ class Fill:
 @dataclass(kw_only=True)
 class Gemv:
     rows: u32              # output rows (M)
-    cols: u32              # columns, padded to a multiple of 128
+    cols: u32              # columns (K, a multiple of 4)
     nvec: u32              # input rows, 1..8 (routed: pairs, one per invocation)
-    w_off: u32 = 0         # first weight element (floats for f32, uints otherwise)
+    w_off: u32 = 0         # first weight byte
     s_off: u32 = 0         # first scale
     x_off: u32 = 0         # first input float (multiple of 4)
     x_stride: u32          # floats between input rows (multiple of 4)
     y_off: u32 = 0         # first output float
     y_stride: u32          # floats between output rows
-    w_expert: u32 = 0      # routed: weight elements per expert
+    row_bytes: u32         # bytes between weight rows
+    s_stride: u32 = 0      # scales between weight rows
+    acc: u32 = 0           # 1: y += the result (the residual stream)
+    w_expert: u32 = 0      # routed: weight bytes per expert
     s_expert: u32 = 0      # routed: scales per expert
     x_div: u32 = 0         # routed: pairs per input row
     idx_off: u32 = 0       # routed: first expert index
+    first_row: u32 = 0     # rowmap: the part's first weight row
+    part_rows: u32 = 0     # rowmap: the part's rows
 
 
 @dataclass(kw_only=True)

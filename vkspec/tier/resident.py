@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.cpu import ops as cpu
-from ..backends.vulkan.memory import DevWeight
+from ..backends.vulkan.memory import DevPart, DevWeight
 from ..errors import VkspecError
-from ..shaders.push import Fill
 from .history import History
 from .policy import Placement, split_slots
 
@@ -67,14 +66,18 @@ class ExpertTier:
         self.E, self.k = c.num_experts, max(c.num_experts_per_tok, 1)
         # trunk MoE layers: (index in layout.host, ordinal)
         self.layer_ids = [i for i, lw in enumerate(layout.w.layers) if c.is_moe_layer(i)]
+        # what the tier reads on the host after the layout lets go of the
+        # weights: each layer's expert weights (views of the mapped file)
+        self.host_ffn = {i: layout.host[i].ffn for i in self.layer_ids}
+        self.experts = {i: layout.w.layers[i].ffn.experts for i in self.layer_ids}
         self.n_layers = len(self.layer_ids)
         if not self.n_layers:
             raise VkspecError("--tier-gb needs a model with routed experts")
         self.history = History(self.n_layers, self.E)
         if cfg.history and Path(cfg.history).exists():
             self.history = History.load(Path(cfg.history), self.n_layers, self.E)
-        f0 = layout.host[self.layer_ids[0]].ffn.parts()
-        self.expert_bytes = sum(int(f0[p].data.nbytes + f0[p].scales.nbytes) // self.E for p in PARTS)
+        f0 = layout.host[self.layer_ids[0]].ffn
+        self.expert_bytes = sum(q.nbytes() for part in PARTS for q in getattr(f0, part)) // self.E
         total = int(cfg.budget_gb * (1 << 30)) // self.expert_bytes if self.expert_bytes else 0
         self.caps = split_slots(total, self.history.counts, self.E, cfg.balance)
         self.placement = Placement(self.caps, self.E, cfg.rate)
@@ -82,8 +85,6 @@ class ExpertTier:
         self.max_rows = MAX_ROWS
         self.reset_stats()
         self.layers: dict[int, object] = {}      # ordinal -> the layer's Ffn on the device
-        self._staging = None
-        self._algos: dict = {}
         self._streamed: set[int] = set()
 
     def reset_stats(self):
@@ -101,31 +102,28 @@ class ExpertTier:
     def slots(self, i: int) -> int:
         return max(1, self.caps[self.layer_ids.index(i)] + self.extra)
 
-    def staging_words(self) -> int:
-        """The host-visible buffer uploads go through: the largest batch of a
-        forward (0: nothing is ever uploaded)."""
-        if not any(self.caps) and not self.extra:
-            return 0
-        return max(max(self.cfg.rate, self.extra) * self.expert_bytes, 4) // 4
-
-    def plan_staging(self, up):
-        if self.staging_words():
-            up.zeros("experts:staging", self.staging_words(), np.uint32, "device")
-
     # --- building ---------------------------------------------------------------------
+    def _pieces(self, i: int, part: str) -> tuple[list, int]:
+        """Layer i's host weights of one part (gate_up or down) and how many
+        follow one another per expert."""
+        qs = getattr(self.host_ffn[i], part)
+        if len({q.fmt for q in qs}) != 1:
+            raise VkspecError(f"layer {i}: the expert tier needs every expert's {part} in one format")
+        return qs, len(qs) // self.E
+
     def build_layer(self, up, i: int, ffn):
         """The slots of layer i's experts, in place of its whole expert weights."""
         ffn.tier_ord = self.layer_ids.index(i)
         n = self.slots(i)
         for part in PARTS:
-            q = self.lay.host[i].ffn.parts()[part]
-            rows = q.rows // self.E
-            words = int(q.data.shape[1])
-            spr = int(q.scales.size // q.rows) if q.scales.size else 0
-            setattr(ffn, part, DevWeight(q.fmt, rows * n, q.cols_p, q.variant,
-                                         up.zeros(f"experts:layer{i}.{part}", rows * n * words, np.uint32),
-                                         up.zeros(f"experts:layer{i}.{part}.scales", max(rows * n * spr, 1),
-                                                  np.float32), words, spr))
+            qs, per = self._pieces(i, part)
+            q0, rows = qs[0], sum(q.rows for q in qs[:per])
+            words = rows * q0.row_bytes
+            assert words % 4 == 0, "an expert's bytes must end on a word"
+            data = up.zeros(f"experts:layer{i}.{part}", rows * n * q0.row_bytes // 4, np.uint32)
+            scales = up.zeros(f"experts:layer{i}.{part}.scales", max(rows * n * q0.scales_per_row, 1), np.float32)
+            setattr(ffn, part, DevWeight(rows * n, q0.cols,
+                                         [DevPart(0, rows * n, q0.fmt, q0.row_bytes, q0.scales_per_row, data, scales)]))
         if ffn.smap is not None:
             ffn.smap.data()[:] = NO_SLOT
 
@@ -138,54 +136,24 @@ class ExpertTier:
         self.reset_stats()                       # the stats count forwards, not the initial fill
 
     # --- uploads ----------------------------------------------------------------------
-    def _expert_words(self, o: int, e: int):
-        """(device tensor, uint32 words, words per slot) of each piece of expert e of layer o."""
-        i = self.layer_ids[o]
-        out = []
-        for part in PARTS:
-            q = self.lay.host[i].ffn.parts()[part]
-            rows = q.rows // self.E
-            dw = getattr(self.layers[o], part)
-            out.append((dw.data, np.ascontiguousarray(q.data[e * rows:(e + 1) * rows]).view(np.uint32).ravel(),
-                        rows * dw.words_per_row))
-            if q.scales.size:
-                sc = np.ascontiguousarray(q.scales[e * rows:(e + 1) * rows]).reshape(-1)
-                out.append((dw.scales, sc.view(np.uint32), rows * dw.scales_per_row))
-        return out
-
     def _upload(self, moves):
-        """Copy experts into slots, (layer, slot, expert) each, one submission per
-        staging buffer's worth."""
-        per = max(self.cfg.rate, self.extra, 1)
-        for i in range(0, len(moves), per):
-            self._upload_batch(moves[i:i + per])
-
-    def _upload_batch(self, moves):
+        """Copy experts into slots, (layer, slot, expert) each, through the
+        uploader's staging buffer: the expert's rows as its file stores them."""
         if not moves:
             return
-        from ..backends.vulkan.device import load_shader
         t0 = time.perf_counter()
-        dev, kp = self.dev, self.dev.kp
-        pieces = [(dst, words, slot * per) for o, slot, e in moves
-                  for dst, words, per in self._expert_words(o, e)]
-        need = sum(w.size for _, w, _ in pieces)
-        if self._staging is None or self._staging.size() < need:
-            if self._staging is not None:
-                self.up.release(self._staging)
-            self._staging = self.up.zeros("experts:staging", max(need, self.staging_words()), np.uint32, "device")
-            self._algos = {}
-        buf, copy = self._staging.data(), load_shader("fill", "copy")
-        seq = dev.sequence()
-        seq.record(kp.OpTensorSyncDevice([self._staging]))
-        off = 0
-        for dst, words, dst_off in pieces:
-            buf[off:off + words.size] = words
-            if id(dst) not in self._algos:
-                self._algos[id(dst)] = dev.record_fill(dev.sequence(), self._staging, dst, words.size)
-            seq.record(kp.OpAlgoDispatch(self._algos[id(dst)],
-                                         copy.pack(Fill(n=words.size, x_off=off, y_off=dst_off))))
-            off += words.size
-        seq.eval()
+        for o, slot, e in moves:
+            i = self.layer_ids[o]
+            for part in PARTS:
+                qs, per = self._pieces(i, part)
+                mine = qs[e * per:(e + 1) * per]
+                rows = sum(q.rows for q in mine)
+                dev_part = getattr(self.layers[o], part).single
+                data = np.concatenate([q.data[q.stored(slice(0, q.rows))].reshape(-1) for q in mine])
+                self.up.write(dev_part.data, slot * rows * dev_part.row_bytes // 4, data)
+                if dev_part.s_stride:
+                    sc = np.concatenate([q.scales[q.stored(slice(0, q.rows))] for q in mine]).astype(np.float32)
+                    self.up.write(dev_part.scales, slot * rows * dev_part.s_stride, sc)
         self.stats.uploads += len(moves)
         self.stats.upload_s += time.perf_counter() - t0
 
@@ -215,7 +183,7 @@ class ExpertTier:
                 H, Hp = self.lay.dims.H, self.lay.dims.Hp
                 h = s.h.data()[:n * Hp].reshape(n, Hp)[:, :H]
                 ed = s.ed.data()
-                experts = self.lay.w.layers[self.layer_ids[o]].ffn.experts
+                experts = self.experts[self.layer_ids[o]]
                 for p in missing:
                     w = experts[int(idx[p])]
                     x = h[p // k]

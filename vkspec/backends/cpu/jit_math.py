@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic, overload, register_jitable
 
 from ... import exact
@@ -174,31 +174,6 @@ def _softmax_rows(x, lens, out):
             out[r, j] = out[r, j] * q
 
 
-@njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
-def _expert_mlps(gate, up, down, h, rows, experts, out):
-    """out[p] = down[e] . (silu(gate[e] . h[r]) * (up[e] . h[r])) for the pair
-    p = (rows[p], experts[p]): each dot in the canonical order, as gemv."""
-    mi, width = gate.shape[1], down.shape[1]
-    for p in prange(rows.shape[0]):
-        r, e = rows[p], experts[p]
-        a = np.empty(mi, F)
-        for m in range(mi):
-            a[m] = silu1(dot(gate[e, m], h[r])) * dot(up[e, m], h[r])
-        for m in range(width):
-            out[p, m] = dot(down[e, m], a)
-
-
-def expert_mlps(gate, up, down, h, idx) -> np.ndarray:
-    """cpu.expert_mlps over stacked f32 experts: (n, k, H)."""
-    n, k = idx.shape
-    assert gate.shape == up.shape and gate.shape[2] >= h.shape[1] and down.shape[2] >= gate.shape[1]
-    out = np.empty((n * k, down.shape[1]), F)
-    rows = np.repeat(np.arange(n, dtype=np.int64), k)
-    _expert_mlps(gate, up, down, np.ascontiguousarray(h, dtype=F), rows,
-                 np.ascontiguousarray(idx, dtype=np.int64).reshape(-1), out)
-    return out.reshape(n, k, -1)
-
-
 @njit(boundscheck=False, error_model="numpy", cache=True)
 def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
     """cpu.deltanet_step for each row in turn, S kept after the first rows."""
@@ -283,15 +258,12 @@ def machine_code() -> str:
     """The assembly of every compiled function here, compiled afresh for
     small arguments (numba cannot show cached code)."""
     x, w = np.ones((2, 9), F), np.ones(9, F)
-    e3 = np.ones((2, 3, 9), F)
     calls = ((_elementwise_kernel, (w, np.empty(9, F), 0)),
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
              (_softmax_rows, (x, np.array([9, 4]), np.empty_like(x))),
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
-                               np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))),
-             (_expert_mlps, (e3, e3, np.ones((2, 9, 3), F), x, np.array([0, 1]), np.array([1, 0]),
-                             np.empty((2, 9), F))))
+                               np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))))
     code = []
     for d, args in calls:
         fresh = njit(boundscheck=False, error_model="numpy")(d.py_func)

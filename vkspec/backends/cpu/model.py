@@ -17,7 +17,6 @@ import numpy as np
 
 from ...config import ModelConfig
 from ...errors import VkspecError
-from ...formats.quant import take_rows
 from ...interface import HostState
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
@@ -35,7 +34,7 @@ class CpuModel:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
         self.cfg, self.w = cfg, weights
-        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
+        self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
         self.cos, self.sin = rope_tables(cfg, self.ctx)
         self._listed = (None, None)          # (draft vocabulary ids, their lm_head rows)
 
@@ -241,5 +240,5 @@ class CpuModel:
         """The lm_head's rows of a draft vocabulary, kept while the list (an
         array DraftVocab replaces, never edits) stays the same object."""
         if self._listed[0] is not ids:
-            self._listed = (ids, take_rows(self.w.lm_head, ids))
+            self._listed = (ids, self.w.lm_head.take(ids))
         return self._listed[1]

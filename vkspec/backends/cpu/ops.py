@@ -13,25 +13,29 @@ from __future__ import annotations
 import numpy as np
 
 from ... import exact
-from ...formats.quant import QWeight, dequantize
-from . import jit, jit_math
+from ...formats.matrix import QWeight, dequantize
+from . import jit, jit_blocks, jit_math
 
 f32 = np.float32
 
 
 def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
-    """x (..., cols) -> (..., rows); every row as if alone (jit's
-    compiled kernel, or exact.gemv itself under VKSPEC_CPU_JIT=0: same bits)."""
+    """x (..., cols) -> (..., rows); every row as if alone. The definition
+    decodes rows_per_chunk rows at a time (formats.matrix.dequantize) and takes
+    exact.gemv; the compiled path (jit_blocks) decodes each row into a small
+    buffer (VKSPEC_CPU_JIT=0 runs the definition: the same bits)."""
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    if jit.enabled():
+        out = jit_blocks.gemv(w, x2)
+        if w.order is not None:
+            out = out[:, w.order]
+        return out.reshape(lead + (w.rows,))
     out = np.empty((x2.shape[0], w.rows), dtype=f32)
-    kernel = jit.gemv if jit.enabled() else exact.gemv
-    if w.fmt == "f32":
-        rows_per_chunk = w.rows
     for r0 in range(0, w.rows, rows_per_chunk):
         r1 = min(w.rows, r0 + rows_per_chunk)
-        out[:, r0:r1] = kernel(dequantize(w, r0, r1), x2)
+        out[:, r0:r1] = exact.gemv(dequantize(w, r0, r1), x2)
     return out.reshape(lead + (w.rows,))
 
 
@@ -40,8 +44,9 @@ def _m():
     return jit_math if jit.enabled() else exact
 
 
-def embed(table, tokens) -> np.ndarray:
-    return table[np.asarray(tokens)]
+def embed(table: QWeight, tokens) -> np.ndarray:
+    """The rows of the tokens, decoded from the table's format."""
+    return dequantize(table.take(np.asarray(tokens).reshape(-1)))
 
 
 def silu_mul(g, u) -> np.ndarray:
@@ -51,10 +56,8 @@ def silu_mul(g, u) -> np.ndarray:
 
 def expert_mlps(w, h, idx) -> np.ndarray:
     """(n, k, H): row i's k routed experts, down(silu(gate h_i) * up h_i) each,
-    every (row, expert) pair as if it ran alone. The definition runs an expert
-    over all its rows at once; the compiled path runs every pair in one call."""
-    if jit.enabled() and w.stacked is not None:
-        return jit_math.expert_mlps(*w.stacked, h, idx)
+    every (row, expert) pair as if it ran alone: an expert runs over all the
+    rows routed to it at once."""
     out = np.empty(idx.shape + (h.shape[-1],), f32)
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)

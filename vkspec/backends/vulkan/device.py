@@ -92,26 +92,24 @@ class Device:
 
     # --- tensors ---------------------------------------------------------
     def tensor(self, data: np.ndarray, kind: str = "device"):
-        """A kp tensor initialised from ``data`` (float32, uint32 or int32).
-
-        kind "device" keeps a host staging copy (for inputs and outputs that
-        cross every step); "storage" is device memory only (weights, state).
-        """
+        """A host-visible kp tensor (float32, uint32 or int32) holding ``data``:
+        the buffers that cross every step (kp keeps a host copy of them)."""
+        assert kind == "device", "storage tensors are made with storage() and filled through a stager"
         data = np.ascontiguousarray(data).ravel()
         if data.dtype not in (np.float32, np.uint32, np.int32):
             raise TypeError(f"unsupported tensor dtype {data.dtype}")
         if data.size == 0:
             data = np.zeros(1, dtype=data.dtype)
-        if kind == "storage":
-            t = self.mgr.tensor_t(data, self.kp.TensorTypes.storage)
-            stage = self.mgr.tensor_t(data, self.kp.TensorTypes.device)
-            self.mgr.sequence().record(self.kp.OpTensorSyncDevice([stage])) \
-                .record(self.kp.OpTensorCopy([stage, t])).eval()
-            stage.destroy()
-            return t
         t = self.mgr.tensor_t(data, self.kp.TensorTypes.device)
         self.upload(t)                 # kp fills only the host copy of a device tensor
         return t
+
+    def storage(self, n: int, dtype=np.uint32):
+        """n words of device memory, contents undefined. kp wants an array to
+        size the tensor by and ignores its contents for storage tensors: an
+        empty one that is never touched costs no host memory."""
+        dtype = np.float32 if np.dtype(dtype) == np.float32 else np.uint32
+        return self.mgr.tensor_t(np.empty(max(int(n), 1), dtype=dtype), self.kp.TensorTypes.storage)
 
     def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
         """A tensor of n zero words; storage tensors are zeroed on the device
@@ -146,18 +144,6 @@ class Device:
         data = out.data().copy()[:n]
         out.destroy()
         return data
-
-    def write(self, t, offset: int, data: np.ndarray):
-        """Write words offset.. of any tensor, through a temporary staging tensor."""
-        words = np.ascontiguousarray(data).reshape(-1).view(np.uint32)
-        if not words.size:
-            return
-        src = self.mgr.tensor_t(words.copy(), self.kp.TensorTypes.device)
-        seq = self.sequence()
-        seq.record(self.kp.OpTensorSyncDevice([src]))
-        self.record_fill(seq, src, t, words.size, dst_off=offset)
-        seq.eval()
-        src.destroy()
 
     # --- algorithms ------------------------------------------------------
     def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None):

@@ -1,16 +1,18 @@
 """The Vulkan backend's immediate ops: upload, one dispatch, download.
 
 Used to test each shader against its NumPy twin. The model's recorded chain
-(vkspec.chain) runs the same shaders without a round trip per op.
+(recorder.py) runs the same shaders without a round trip per op.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...formats.quant import QWeight
+from ... import exact
+from ...formats.matrix import QWeight
 from ...shaders import push as P
 from .device import get_device, load_shader
+from .memory import Uploader
 
 
 def _padded_rows(x: np.ndarray, cols_p: int) -> np.ndarray:
@@ -38,16 +40,28 @@ class VulkanOps:
         return [t.data().copy().reshape(a.shape) for t, a in zip(outs, outputs)]
 
     def gemv(self, w: QWeight, x: np.ndarray) -> np.ndarray:
+        """The weight uploaded as it is stored (every part), 1 to 8 rows."""
         x = np.asarray(x, dtype=np.float32)
         single = x.ndim == 1
-        x2 = _padded_rows(x[None] if single else x, w.cols_p)
+        cols_p = exact.padded(w.cols)
+        x2 = _padded_rows(x[None] if single else x, cols_p)
         n = x2.shape[0]
         if not 1 <= n <= 8:
             raise ValueError(f"gemv takes 1 to 8 rows, got {n}")
-        scales = w.scales if w.scales.size else np.zeros(1, np.float32)
-        push = P.Gemv(rows=w.rows, cols=w.cols_p, nvec=n, x_stride=w.cols_p, y_stride=w.rows)
-        (y,) = self._run(load_shader("gemv", w.variant), [w.data, scales, x2],
-                         [np.zeros((n, w.rows), np.float32)], -(-w.rows // 64), push)
+        up = Uploader(self.dev)
+        dw = up.weight("w", [w])
+        dev = self.dev
+        xt, yt = dev.tensor(x2), dev.tensor(np.zeros((n, w.rows), np.float32))
+        seq, keep = dev.sequence(), []
+        for part in dw.parts:
+            push = P.Gemv(rows=part.rows, cols=w.cols, nvec=n, x_stride=cols_p, y_stride=w.rows,
+                          y_off=part.first_row, row_bytes=part.row_bytes, s_stride=part.s_stride)
+            keep.append(dev.algorithm(load_shader("gemv", part.variant), [part.data, part.scales, xt, yt],
+                                      -(-part.rows // 64), push))
+            seq.record(dev.kp.OpAlgoDispatch(keep[-1]))
+        seq.record(dev.kp.OpTensorSyncLocal([yt]))
+        seq.eval()
+        y = yt.data().copy().reshape(n, w.rows)
         return y[0] if single else y
 
     def rmsnorm(self, x, w, eps: float) -> np.ndarray:

@@ -2,10 +2,10 @@
 them, the state and working buffers, each under a name (the memory plan).
 
 Terms:
-* **fused weight**: projections of one input concatenated by rows, so one
-  GEMV computes them all (q|k|v, qkvz|ba, gate|up, router|shared gate): each
-  output row keeps its bits. Kept as bf16 words where every value is a
-  bfloat16 value (quant.as_bf16: lossless, half the bytes).
+* **fused weight**: projections of one input whose rows follow one another on
+  the device (q|k|v, qkvz|ba, gate|up, router|shared gate), so one GEMV per
+  format computes them all: each output row keeps its bits. The host keeps
+  the parts as they are (views of the file); they meet only on the device.
 * **region**: the recurrent state (conv ring, DeltaNet state) of every layer
   is a buffer of R >= 2 regions (see state.py); ``regions`` sizes them.
 * **scratch**: the activations of a block of up to MAX_ROWS rows.
@@ -20,10 +20,10 @@ import numpy as np
 
 from ... import exact
 from ...config import ModelConfig
-from ...formats.quant import QWeight, as_bf16
+from ...formats.matrix import QWeight
 from ...rope import rope_tables
 from ...weights import LayerW, MoeW, Weights
-from .memory import DevWeight, Uploader, qcat
+from .memory import DevWeight, Uploader
 from .step import step_block
 
 MAX_ROWS = 8
@@ -59,25 +59,25 @@ class Dims:
                    E=c.num_experts, k=max(c.num_experts_per_tok, 1))
 
 
-# --- the host's view: fused weights ----------------------------------------------
+# --- the host's view: the parts of each fused weight -------------------------------
 
 @dataclass
 class HostFfn:
-    gate_up: QWeight                 # MoE: every expert's gate|up, expert after expert
-    down: QWeight
-    router: QWeight | None = None    # MoE: router | shared expert's gate
-    sh_gate_up: QWeight | None = None
-    sh_down: QWeight | None = None
+    gate_up: list[QWeight]           # MoE: every expert's gate, up, expert after expert
+    down: list[QWeight]
+    router: list[QWeight] | None = None   # MoE: router, shared expert's gate
+    sh_gate_up: list[QWeight] | None = None
+    sh_down: list[QWeight] | None = None
 
-    def parts(self) -> dict[str, QWeight]:
+    def parts(self) -> dict[str, list[QWeight]]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass
 class HostLayer:
     w: LayerW
-    mix: QWeight
-    out: QWeight
+    mix: list[QWeight]
+    out: list[QWeight]
     ffn: HostFfn
 
     @property
@@ -85,20 +85,24 @@ class HostLayer:
         return isinstance(self.w.ffn, MoeW)
 
 
+def rows(parts: list[QWeight]) -> int:
+    return sum(p.rows for p in parts)
+
+
 def fuse(lw: LayerW) -> HostLayer:
     m = lw.mixer
-    mix = qcat([m.q, m.k, m.v]) if lw.kind == "full_attention" else qcat([m.qkvz, m.ba])
-    out = m.o if lw.kind == "full_attention" else m.out
+    mix = [m.q, m.k, m.v] if lw.kind == "full_attention" else [m.qkvz, m.ba]
+    out = [m.o if lw.kind == "full_attention" else m.out]
     f = lw.ffn
     if isinstance(f, MoeW):
-        ffn = HostFfn(gate_up=qcat([qcat([e.gate, e.up]) for e in f.experts]),
-                      down=qcat([e.down for e in f.experts]),
-                      router=qcat([f.router] + ([f.shared_gate] if f.shared else [])))
+        ffn = HostFfn(gate_up=[q for e in f.experts for q in (e.gate, e.up)],
+                      down=[e.down for e in f.experts],
+                      router=[f.router] + ([f.shared_gate] if f.shared else []))
         if f.shared:
-            ffn.sh_gate_up, ffn.sh_down = qcat([f.shared.gate, f.shared.up]), f.shared.down
+            ffn.sh_gate_up, ffn.sh_down = [f.shared.gate, f.shared.up], [f.shared.down]
     else:
-        ffn = HostFfn(gate_up=qcat([f.gate, f.up]), down=f.down)
-    return HostLayer(lw, as_bf16(mix), as_bf16(out), HostFfn(**{k: as_bf16(q) for k, q in ffn.parts().items()}))
+        ffn = HostFfn(gate_up=[f.gate, f.up], down=[f.down])
+    return HostLayer(lw, mix, out, ffn)
 
 
 # --- the device's view ------------------------------------------------------------
@@ -182,7 +186,7 @@ HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
 
 @dataclass
 class Buffers:
-    embed: object
+    embed: DevWeight
     head: DevWeight
     cos: object
     sin: object
@@ -205,22 +209,21 @@ class Layout:
 
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int):
         self.cfg, self.w, self.ctx = cfg, w, ctx
+        self.n_trunk, self.mtp = len(w.layers), w.mtp is not None
         self.dims = Dims.of(cfg)
         self.layers_w = w.layers + ([w.mtp.layer] if w.mtp else [])
         self.host = [fuse(lw) for lw in self.layers_w]
-        self.head = as_bf16(w.lm_head)
-        self.fc = as_bf16(w.mtp.fc) if w.mtp else None
         self.n_moe = max(1, sum(h.moe for h in self.host))
 
     def output_shapes(self):
-        return [("main", r) for r in range(1, MAX_ROWS + 1)] + ([("mtp", 1)] if self.w.mtp else [])
+        return [("main", r) for r in range(1, MAX_ROWS + 1)] + ([("mtp", 1)] if self.mtp else [])
 
     def scratch_words(self) -> dict[str, int]:
         d, R = self.dims, MAX_ROWS
-        proj = [h.mix.rows for h in self.host]
-        proj += [h.ffn.sh_gate_up.rows for h in self.host if h.ffn.sh_gate_up is not None]
-        proj += [h.ffn.gate_up.rows for h in self.host if not h.moe]
-        inter = [q.cols_p for h in self.host for q in (h.ffn.down, h.ffn.sh_down) if q is not None]
+        proj = [rows(h.mix) for h in self.host]
+        proj += [rows(h.ffn.sh_gate_up) for h in self.host if h.ffn.sh_gate_up is not None]
+        proj += [rows(h.ffn.gate_up) for h in self.host if not h.moe]
+        inter = [P(q[0].cols) for h in self.host for q in (h.ffn.down, h.ffn.sh_down) if q is not None]
         proj, inter = max(proj + [1]), max(inter + [1])
         return dict(
             x=R * d.Hp, h=R * d.Hp, xn=R * d.Hp, proj=R * proj,
@@ -233,6 +236,13 @@ class Layout:
             ey=R * d.k * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d.k * d.H,
             sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp)
 
+    def release_host(self):
+        """After the upload the device holds every weight: the host lets go of
+        its views of the file, so the mapped pages leave the process (on a
+        shared-memory GPU the weights then live once). The expert tier keeps
+        what it reads on the CPU (tier/resident.py)."""
+        self.w = self.host = None
+
     def allocate(self, up: Uploader, regions: int = 2, tier=None) -> Buffers:
         """Make every tensor through `up` (a dry uploader: the plan); the
         recurrent state gets `regions` regions; `tier` (an ExpertTier) makes
@@ -240,8 +250,9 @@ class Layout:
         d, words = self.dims, step_block().words
         cos, sin = rope_tables(self.cfg, self.ctx)
         zero = np.zeros(1, np.float32)
-        b = Buffers(embed=up.array("weights:embed", self.w.embed),
-                    head=up.weight("weights:lm_head", self.head),
+        embed = up.weight("weights:embed", [self.w.embed])
+        tied = self.w.lm_head is self.w.embed          # one tensor in the file: one on the device
+        b = Buffers(embed=embed, head=embed if tied else up.weight("weights:lm_head", [self.w.lm_head]),
                     cos=up.array("rope:cos", cos if cos.size else zero),
                     sin=up.array("rope:sin", sin if sin.size else zero),
                     norm=up.array("weights:norm", self.w.norm), layers=[],
@@ -254,7 +265,7 @@ class Layout:
                     mtp_last=up.zeros("scratch:mtp_last", words, np.uint32, "device"))
         if self.w.mtp:
             m = self.w.mtp
-            b.fc = up.weight("weights:mtp.fc", self.fc)
+            b.fc = up.weight("weights:mtp.fc", [m.fc])
             b.norm_emb = up.array("weights:mtp.norm_emb", m.norm_emb)
             b.norm_hidden = up.array("weights:mtp.norm_hidden", m.norm_hidden)
             b.mtp_norm = up.array("weights:mtp.norm", m.norm)

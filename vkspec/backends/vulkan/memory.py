@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import VkspecError
-from ...formats.quant import QWeight
+from ...formats.matrix import FORMATS, QWeight
 
 
 def max_buffer_bytes() -> int:
@@ -53,40 +53,59 @@ class Plan:
                               f"the budget of {budget / 2**30:.3f} GiB (--device-gb / VKSPEC_DEVICE_GB)")
 
 
-def qcat(ws: list[QWeight]) -> QWeight:
-    """Row-concatenate weights of one format and width: one GEMV for several
-    projections of the same input (each output row keeps its bits)."""
-    w0 = ws[0]
-    assert all(w.fmt == w0.fmt and w.cols == w0.cols for w in ws)
-    scales = np.concatenate([w.scales for w in ws]) if w0.scales.size else w0.scales
-    return QWeight(w0.fmt, sum(w.rows for w in ws), w0.cols,
-                   np.concatenate([w.data for w in ws]), scales)
+@dataclass
+class DevPart:
+    """Rows first_row.. of a weight, in one format, in one device buffer."""
+    first_row: int
+    rows: int
+    fmt: str
+    row_bytes: int
+    s_stride: int         # scales per row (0: none outside the data)
+    data: object          # kp tensor: the rows' bytes
+    scales: object        # kp tensor (one float when there are none)
+
+    @property
+    def variant(self) -> str:
+        return FORMATS[self.fmt].variant
 
 
 @dataclass
 class DevWeight:
-    """A weight resident on the device (data and scales), uploaded once."""
-    fmt: str
+    """A weight matrix on the device, uploaded once in its formats: one part,
+    or several where the rows change format (q|k|v of a K-quant file) or
+    exceed one storage buffer."""
     rows: int
-    cols_p: int
-    variant: str
-    data: object          # kp tensor
-    scales: object        # kp tensor
-    words_per_row: int    # data elements per row (floats or uint32 words)
-    scales_per_row: int
+    cols: int
+    parts: list[DevPart]
+
+    @property
+    def single(self) -> DevPart:
+        assert len(self.parts) == 1, "this use needs the weight in one part"
+        return self.parts[0]
+
+
+STAGING_MAX = 4 << 20         # host-visible bytes every upload goes through
+
+
+def staging_bytes() -> int:
+    return min(STAGING_MAX, max_buffer_bytes() // 4 * 4)
 
 
 class Uploader:
     """Makes the chain's device tensors, each under a name; ``made`` maps the
-    live ones to their bytes. A dry uploader (``dev`` None) makes nothing and
-    only counts: the memory plan. ``fail_after`` injects an allocation failure
-    (tests), after that many more tensors."""
+    live ones to their bytes. Everything reaches the device through one
+    bounded staging buffer (staging_bytes()), so nothing is ever staged whole in
+    host memory. A dry uploader (``dev`` None) makes nothing and only counts:
+    the memory plan. ``fail_after`` injects an allocation failure (tests),
+    after that many more tensors."""
 
     def __init__(self, dev):
         self.dev = dev
         self.fail_after: int | None = None
         self.made: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        self._staging = None
+        self._copies: dict = {}
 
     @classmethod
     def dry(cls) -> "Uploader":
@@ -117,12 +136,16 @@ class Uploader:
         self._names[id(t)] = name
         return t
 
-    def array(self, name: str, a: np.ndarray, kind: str = "storage"):
-        a = np.ascontiguousarray(a)
-        return self._made(name, a.size, lambda: self.dev.tensor(a, kind))
-
     def zeros(self, name: str, n: int, dtype=np.float32, kind: str = "storage"):
         return self._made(name, n, lambda: self.dev.zeros(n, dtype, kind))
+
+    def array(self, name: str, a: np.ndarray, kind: str = "storage"):
+        a = np.ascontiguousarray(a)
+        if kind != "storage":
+            return self._made(name, a.size, lambda: self.dev.tensor(a, kind))
+        t = self._made(name, a.size, lambda: self.dev.storage(a.size, a.dtype))
+        self.write(t, 0, a)
+        return t
 
     def release(self, t):
         name = self._names.pop(id(t))
@@ -140,8 +163,129 @@ class Uploader:
         self.made[name] = self.made.pop(old)
         self._names[id(t)] = name
 
-    def weight(self, name: str, w: QWeight) -> DevWeight:
-        data = self.array(name, w.data)
-        scales = self.array(f"{name}.scales", w.scales if w.scales.size else np.zeros(1, np.float32))
-        spr = {"f32": 0, "bf16": 0, "int8": 1}.get(w.fmt, w.cols_p // 64)
-        return DevWeight(w.fmt, w.rows, w.cols_p, w.variant, data, scales, int(w.data.shape[1]), spr)
+    # --- the staging buffer ------------------------------------------------------------
+    def _stage(self):
+        if "staging:upload" not in self.made:
+            words = staging_bytes() // 4
+            self._staging = self._made("staging:upload", words,
+                                       lambda: self.dev.zeros(words, np.uint32, "device"))
+        return self._staging
+
+    def write(self, t, word_off: int, data: np.ndarray):
+        """data's bytes into tensor t from word ``word_off`` on."""
+        s = Stream(self, t, word_off)
+        s.add(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        s.close()
+
+    def copy_words(self, t, dst_off: int, words: int):
+        """The staging buffer's first `words` words to the device, into t at dst_off."""
+        st = self._stage()
+        if self.dev is None:
+            return
+        from ...shaders.push import Fill
+        from .device import load_shader
+        kp = self.dev.kp
+        key = id(t)
+        if key not in self._copies:
+            self._copies[key] = self.dev.record_fill(self.dev.sequence(), st, t, words)
+        push = load_shader("fill", "copy").pack(Fill(n=words, x_off=0, y_off=dst_off))
+        seq = self.dev.sequence()
+        seq.record(kp.OpTensorSyncDevice([st]))
+        seq.record(kp.OpAlgoDispatch(self._copies[key], push))
+        seq.eval()
+
+    # --- weights -------------------------------------------------------------------------
+    def weight(self, name: str, parts: list[QWeight]) -> DevWeight:
+        """Weights whose rows follow one another (q|k|v, every expert's
+        gate|up ...) as one device matrix, each run of one format in one buffer
+        (split where it would exceed the largest buffer); rows in logical order."""
+        cols = parts[0].cols
+        assert all(p.cols == cols for p in parts)
+        runs, row = [], 0
+        for p in parts:
+            if runs and runs[-1][0].fmt == p.fmt:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        out = []
+        for run in runs:
+            for first, pieces in _split(run, max_buffer_bytes()):
+                out.append(self._part(f"{name}" + (f".{len(out)}" if len(runs) > 1 or out else ""),
+                                      row + first, pieces))
+            row += sum(p.rows for p in run)
+        return DevWeight(row, cols, out)
+
+    def _part(self, name: str, first_row: int, pieces: list[QWeight]) -> DevPart:
+        f = pieces[0]
+        rows = sum(p.rows for p in pieces)
+        data = self._made(name, -(-rows * f.row_bytes // 4),
+                          lambda: self.dev.storage(-(-rows * f.row_bytes // 4), np.uint32))
+        stream = Stream(self, data, 0)
+        for p in pieces:
+            chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
+            for r0 in range(0, p.rows, chunk):
+                r1 = min(p.rows, r0 + chunk)
+                stream.add(p.data[p.stored(slice(r0, r1))].reshape(-1))
+        stream.close()
+        s_stride = f.scales_per_row
+        if s_stride:
+            sc = np.concatenate([p.scales[p.stored(slice(0, p.rows))] for p in pieces]).astype(np.float32)
+            scales = self.array(f"{name}.scales", sc)
+        else:
+            scales = self.zeros(f"{name}.scales", 1)
+        return DevPart(first_row, rows, f.fmt, f.row_bytes, s_stride, data, scales)
+
+
+class Stream:
+    """Bytes appended in order, sent to a device tensor through the staging
+    buffer one full buffer at a time."""
+
+    def __init__(self, up: Uploader, t, word_off: int):
+        self.up, self.t, self.word = up, t, word_off
+        self.fill, self.size = 0, staging_bytes()
+        self.buf = None if up.dev is None else up._stage().data().view(np.uint8)
+        if up.dev is None:
+            up._stage()
+
+    def add(self, data: np.ndarray):
+        if self.buf is None:
+            return
+        at = 0
+        while at < data.size:
+            n = min(data.size - at, self.size - self.fill)
+            self.buf[self.fill:self.fill + n] = data[at:at + n]
+            self.fill, at = self.fill + n, at + n
+            if self.fill == self.size:
+                self._send()
+
+    def _send(self):
+        words = -(-self.fill // 4)
+        self.buf[self.fill:words * 4] = 0
+        self.up.copy_words(self.t, self.word, words)
+        self.word += words
+        self.fill = 0
+
+    def close(self):
+        if self.buf is not None and self.fill:
+            self._send()
+
+
+def _split(run: list[QWeight], limit: int):
+    """(first row, pieces) of a run of weights, each piece at most `limit` bytes."""
+    out, cur, cur_bytes, first, row = [], [], 0, 0, 0
+    for p in run:
+        per = max(1, limit // max(p.row_bytes, 1))
+        r0 = 0
+        while r0 < p.rows:
+            room = max(1, (limit - cur_bytes) // p.row_bytes) if cur else per
+            r1 = min(p.rows, r0 + room)
+            cur.append(p.rows_of(r0, r1) if (r0, r1) != (0, p.rows) else p)
+            cur_bytes += (r1 - r0) * p.row_bytes
+            if cur_bytes + p.row_bytes > limit:
+                out.append((first, cur))
+                first, cur, cur_bytes = row + r1, [], 0
+            r0 = r1
+        row += p.rows
+    if cur:
+        out.append((first, cur))
+    return out

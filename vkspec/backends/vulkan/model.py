@@ -34,8 +34,8 @@ class VulkanModel:
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
                  budget_gb: float | None = None, tier=None):
         from ...tier.resident import ExpertTier
-        self.cfg, self.w = cfg, w
-        self.ctx = ctx or min(cfg.max_position_embeddings, 4096)
+        self.cfg = cfg
+        self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
         self.layout = Layout(cfg, w, self.ctx)
         self.tier = ExpertTier(self.layout, tier) if tier is not None else None
         self.plan = self.planned_from(self.layout, self.tier)
@@ -51,13 +51,12 @@ class VulkanModel:
         self._ids, self._ids_width = None, 0
         if self.tier is not None:
             self.tier.start(self.dev, self.up, self.b)
+        self.layout.release_host()
 
     @staticmethod
     def planned_from(layout: Layout, tier=None, slots: int = 0) -> Plan:
         up = Uploader.dry()
         layout.allocate(up, regions=2 + slots, tier=tier)
-        if tier is not None:
-            tier.plan_staging(up)
         return up.plan()
 
     @classmethod
@@ -69,7 +68,7 @@ class VulkanModel:
 
     @property
     def has_mtp(self) -> bool:
-        return self.w.mtp is not None
+        return self.layout.mtp
 
     @property
     def regions(self) -> int:

@@ -33,25 +33,42 @@ class Recorder:
     # --- op helpers -----------------------------------------------------------
     def gemv(self, w: DevWeight, x, y, rows, x_off=0, x_stride=None, y_off=0, y_stride=None, acc=False,
              row_of=None, out_rows=None):
-        """y = w x for `rows` input rows; with ``row_of`` (a device list of
-        weight rows) only those ``out_rows`` rows of w, in the list's order."""
+        """y = w x for `rows` input rows, one dispatch per part of w; with
+        ``row_of`` (a device list of weight rows) only those ``out_rows`` rows
+        of w, in the list's order."""
         m = out_rows or w.rows
-        push = P.Gemv(rows=m, cols=w.cols_p, nvec=rows, x_off=x_off, x_stride=x_stride or w.cols_p,
-                      y_off=y_off, y_stride=m if y_stride is None else y_stride)
-        if row_of is not None:
-            assert not acc
-            self.rec.op(G.GEMV_ROWMAP, w.variant + "_rowmap", groups(m), push,
-                        w=w.data, scales=w.scales, x=x, y=y, row_of=row_of)
-        else:
-            self.rec.op(G.GEMV, w.variant + ("_acc" if acc else ""), groups(m), push,
-                        w=w.data, scales=w.scales, x=x, y=y)
+        common = dict(cols=w.cols, nvec=rows, x_off=x_off, x_stride=x_stride or padded(w.cols),
+                      y_stride=m if y_stride is None else y_stride)
+        for part in w.parts:
+            fmt = dict(row_bytes=part.row_bytes, s_stride=part.s_stride)
+            if row_of is not None:
+                assert not acc
+                self.rec.op(G.GEMV_ROWMAP, part.variant + "_rowmap", groups(m),
+                            P.Gemv(rows=m, y_off=y_off, first_row=part.first_row, part_rows=part.rows,
+                                   **fmt, **common),
+                            w=part.data, scales=part.scales, x=x, y=y, row_of=row_of)
+            else:
+                self.rec.op(G.GEMV, part.variant, groups(part.rows),
+                            P.Gemv(rows=part.rows, y_off=y_off + part.first_row, acc=int(acc), **fmt, **common),
+                            w=part.data, scales=part.scales, x=x, y=y)
 
     def routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
-        push = P.Gemv(rows=per_expert_rows, cols=w.cols_p, nvec=pairs, x_stride=x_stride, y_stride=y_stride,
-                      w_expert=per_expert_rows * w.words_per_row, s_expert=per_expert_rows * w.scales_per_row,
+        part = w.single
+        push = P.Gemv(rows=per_expert_rows, cols=w.cols, nvec=pairs, x_stride=x_stride, y_stride=y_stride,
+                      row_bytes=part.row_bytes, s_stride=part.s_stride,
+                      w_expert=per_expert_rows * part.row_bytes, s_expert=per_expert_rows * part.s_stride,
                       x_div=x_div, idx_off=idx_off)
-        self.rec.op(G.GEMV_ROUTED, w.variant + "_routed", (groups(per_expert_rows), pairs), push,
-                    w=w.data, scales=w.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
+        self.rec.op(G.GEMV_ROUTED, part.variant + "_routed", (groups(per_expert_rows), pairs), push,
+                    w=part.data, scales=part.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
+
+    def embed(self, y, n, step):
+        """The rows of the step's tokens from the embedding table, one dispatch per part."""
+        d, t = self.d, self.b.embed
+        for part in t.parts:
+            self.rec.op(G.EMBED, part.variant, groups(n * d.H),
+                        P.Embed(rows=n, n=d.H, y_stride=d.Hp, row_bytes=part.row_bytes, s_stride=part.s_stride,
+                                first_row=part.first_row, part_rows=part.rows),
+                        w=part.data, scales=part.scales, y=y, step=step)
 
     def rmsnorm(self, x, w, y, rows, n, group=1, x_off=0, x_stride=0, x_inner=0, y_off=0,
                 y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
@@ -70,15 +87,13 @@ class Recorder:
         self.rec = Recording(self.dev, self.algos)
         step = b.step if kind == "main" else b.mtp_step
         x = s.x if kind == "main" else s.mx
-        trunk = len(self.lay.w.layers)
+        trunk = self.lay.n_trunk
         if kind == "main":
-            self.rec.op(G.EMBED, None, groups(n * d.H), P.Embed(rows=n, n=d.H, y_stride=d.Hp),
-                        table=b.embed, y=x, step=step)
+            self.embed(x, n, step)
             layers = b.layers[:trunk]
         else:
             F = padded(2 * d.H)
-            self.rec.op(G.EMBED, None, groups(n * d.H), P.Embed(rows=n, n=d.H, y_stride=d.Hp),
-                        table=b.embed, y=s.h, step=step)
+            self.embed(s.h, n, step)
             self.rmsnorm(s.h, b.norm_emb, s.fcin, n, d.H, x_stride=d.Hp, y_stride=F)
             self.rmsnorm(s.mtp_in, b.norm_hidden, s.fcin, n, d.H, x_stride=d.Hp, y_off=d.H, y_stride=F)
             self.gemv(b.fc, s.fcin, x, n, y_stride=d.Hp)
@@ -179,7 +194,7 @@ class Recorder:
     def mlp(self, L: Layer, x, n, x_off=0):
         """h rows 0..n-1 -> added to x from float x_off."""
         d, s, f = self.d, self.s, L.ffn
-        inter, width = f.down.cols_p, f.gate_up.rows // 2
+        inter, width = padded(f.down.cols), f.gate_up.rows // 2
         self.gemv(f.gate_up, s.h, s.proj, n, x_stride=d.Hp)
         self.silu_mul(s.proj, s.act, n, width, 2 * width, inter)
         self.gemv(f.down, s.act, x, n, x_stride=inter, y_off=x_off, y_stride=d.Hp, acc=True)
@@ -203,7 +218,7 @@ class Recorder:
         self.routed(f.down, s.act, s.ed, n * k, 1, padded(mi), H, H, f.smap, off)
         shared = f.sh_down is not None
         if shared:
-            si, w2 = f.sh_down.cols_p, f.sh_gate_up.rows // 2
+            si, w2 = padded(f.sh_down.cols), f.sh_gate_up.rows // 2
             self.gemv(f.sh_gate_up, s.h, s.proj, n, x_stride=d.Hp)
             self.silu_mul(s.proj, s.act, n, w2, 2 * w2, si)
             self.gemv(f.sh_down, s.act, s.sh, n, x_stride=si, y_stride=H)

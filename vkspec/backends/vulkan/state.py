@@ -42,7 +42,7 @@ class DeviceStates:
         self.dev, self.up, self.lay, self.b = dev, up, layout, buffers
         self.regions = 2
         self.current: DeviceState | None = None
-        trunk = len(layout.w.layers)
+        trunk = layout.n_trunk
         self.trunk = buffers.layers[:trunk]
         self.recurrent = [L.mixer for L in buffers.layers if isinstance(L.mixer, DeltaMixer)]
 
@@ -138,7 +138,7 @@ class DeviceStates:
         """read(), and the MTP head's rows just past the watermark (its drafts'
         rows a restored state may still attend)."""
         snap = self.read(st)
-        if self.lay.w.mtp is not None:
+        if self.lay.mtp:
             m, d = self.b.layers[-1].mixer, self.lay.dims
             rows = min(self.lay.ctx, st.kv_len + MAX_ROWS)
             n = rows * d.nkv * d.hd
@@ -151,13 +151,13 @@ class DeviceStates:
         attn = [L.mixer for L in self.trunk if not isinstance(L.mixer, DeltaMixer)]
         delta = [L.mixer for L in self.trunk if isinstance(L.mixer, DeltaMixer)]
         for m, k, v in zip(attn, snap.kv_k, snap.kv_v):
-            self.dev.write(m.kc, 0, np.asarray(k)[:snap.kv_len])
-            self.dev.write(m.vc, 0, np.asarray(v)[:snap.kv_len])
+            self.up.write(m.kc, 0, np.asarray(k)[:snap.kv_len])
+            self.up.write(m.vc, 0, np.asarray(v)[:snap.kv_len])
         for m, conv, ssm in zip(delta, snap.conv, snap.ssm):
-            self.dev.write(m.ring, st.live * (m.ring.size() // self.regions), conv)
-            self.dev.write(m.ssm, st.live * (m.ssm.size() // self.regions), ssm)
-        if self.lay.w.mtp is not None and snap.mtp_k is not None:
+            self.up.write(m.ring, st.live * (m.ring.size() // self.regions), conv)
+            self.up.write(m.ssm, st.live * (m.ssm.size() // self.regions), ssm)
+        if self.lay.mtp and snap.mtp_k is not None:
             m = self.b.layers[-1].mixer
-            self.dev.write(m.kc, 0, snap.mtp_k)
-            self.dev.write(m.vc, 0, snap.mtp_v)
+            self.up.write(m.kc, 0, snap.mtp_k)
+            self.up.write(m.vc, 0, snap.mtp_v)
         st.kv_len, st.block = snap.kv_len, None

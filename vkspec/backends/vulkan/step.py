@@ -33,9 +33,9 @@ class StepBlock:
 
 @functools.cache
 def step_block() -> StepBlock:
-    block = load_shader("embed").reflection.buffer("Step")
+    block = load_shader("conv_step").reflection.buffer("Step")
     if block is None:
-        raise DeviceError("embed.spv has no Step block: shaders and host disagree (rebuild vkspec)")
+        raise DeviceError("conv_step.spv has no Step block: shaders and host disagree (rebuild vkspec)")
     offsets, rows, end = {}, None, 0
     for m in block.members:
         offsets[m.name] = m.offset // 4

@@ -1,0 +1,80 @@
+"""Every weight format, three ways: the definition (formats.matrix.dequantize,
+formats/ggml.py), the CPU's compiled decoders (jit_blocks) and the shaders
+(weights.glsl). A GEMV over the stored blocks gives exact.gemv's bits over the
+dequantized matrix, on the CPU and on the device, for 1 to 8 rows; edge blocks
+(subnormal, infinite and NaN scales, extreme quants) included."""
+
+import numpy as np
+import pytest
+
+from conftest import bits_equal
+from test_ggml_blocks import edge_blocks
+from vkspec import exact
+from vkspec.backends.cpu import jit_blocks, ops
+from vkspec.formats import ggml
+from vkspec.formats.matrix import FORMATS, QWeight, dequantize, no_scales
+from vkspec.formats.samples import random_weight
+
+FMTS = list(FORMATS)
+
+
+def weights(fmt, rng):
+    """A random weight, and for block types one made of edge blocks too."""
+    out = [random_weight(fmt, 24, 512, rng)]
+    if fmt.upper() in ggml.TYPES and ggml.TYPES[fmt.upper()].block_elems > 1:
+        t = ggml.TYPES[fmt.upper()]
+        blocks = edge_blocks(fmt.upper(), rng)
+        per_row = 512 // t.block_elems
+        n = blocks.shape[0] // per_row * per_row
+        rows = blocks[:n].reshape(-1, per_row * t.block_bytes)[:40]
+        out.append(QWeight(fmt, rows.shape[0], 512, np.ascontiguousarray(rows), no_scales()))
+    return out
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compiled_decoders_are_the_definition(fmt):
+    rng = np.random.default_rng(1)
+    for w in weights(fmt, rng):
+        bits_equal(jit_blocks.decode(w), dequantize(w))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gemv_over_blocks_is_exact_gemv_of_the_values_on_cpu_and_device(fmt, vk, monkeypatch):
+    from vkspec.backends.cpu import jit
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    for w in weights(fmt, rng):
+        values = dequantize(w)
+        for n in range(1, 9):
+            want = exact.gemv(values, x[:n])
+            bits_equal(ops.gemv(w, x[:n]), want)                 # compiled
+            bits_equal(vk.gemv(w, x[:n]), want)                  # device
+        monkeypatch.setattr(jit, "ENABLED", False)
+        bits_equal(ops.gemv(w, x[:3]), exact.gemv(values, x[:3]))     # the definition's own path
+        monkeypatch.setattr(jit, "ENABLED", True)
+
+
+def test_reordered_rows_permute_outputs_not_bytes(vk):
+    """A matrix read in another row order (QWeight.order): the CPU permutes the
+    outputs, the device uploads the rows in that order; no host copy."""
+    rng = np.random.default_rng(3)
+    w = random_weight("q4_k", 16, 256, rng)
+    order = rng.permutation(16)
+    r = w.reordered(order)
+    assert r.data is w.data
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    want = exact.gemv(dequantize(w)[order], x)
+    bits_equal(ops.gemv(r, x), want)
+    bits_equal(vk.gemv(r, x), want)
+
+
+def test_a_weight_larger_than_one_buffer_is_split_in_parts(vk, monkeypatch):
+    """VKSPEC_MAX_BUFFER_MB below the weight's size: the rows go to several
+    device buffers, one GEMV each, and the bits do not change."""
+    rng = np.random.default_rng(4)
+    w = random_weight("q8_0", 300, 512, rng)           # 300 x 544 bytes
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    monkeypatch.setenv("VKSPEC_MAX_BUFFER_MB", str(64 * 544 / 2 ** 20))
+    from vkspec.backends.vulkan.memory import Uploader
+    assert len(Uploader.dry().weight("w", [w]).parts) == 5
+    bits_equal(vk.gemv(w, x), exact.gemv(dequantize(w), x))

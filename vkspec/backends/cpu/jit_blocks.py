@@ -1,0 +1,233 @@
+"""Weight formats on the CPU: each stored row is turned into its float32 values
+(formats.matrix.dequantize's, bit for bit) in a small buffer, then dotted with
+every row of the block in the canonical order (jit_dot). The weight's bytes
+are read once per GEMV, whatever the number of rows.
+
+The value formulas follow formats/ggml.py and formats/quant.py operation for
+operation (``(d * sc) * q - dmin * mn`` ...); ggml-quants.c's loops give the
+layout. tests/test_formats.py holds every format here to those definitions
+over random and edge blocks (subnormal, infinite and NaN scales, extreme
+quants), so a slip in a shift or a mask fails there.
+
+One kernel serves every format (an integer code picks the row decoder), so
+numba compiles and caches it once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ... import exact
+from ...formats.matrix import FP8_E4M3
+from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
+from .jit_dot import dot, dot2, dot3
+
+F = np.float32
+CODES = {name: i for i, name in enumerate(
+    ("f32", "f16", "bf16", "int8", "int4-g64", "fp8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+     "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))}
+BLOCK = 16                  # weight rows per parallel work item
+_TWO_M24 = F(2.0 ** -24)
+_JIT = dict(boundscheck=False, error_model="numpy", cache=True)
+
+
+@njit(**_JIT)
+def _f16(row, at):
+    """The f16 at byte `at`, widened exactly (formats.ggml.f16_bits_to_f32)."""
+    h = np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    e = (h >> np.uint32(10)) & np.uint32(0x1F)
+    man = h & np.uint32(0x3FF)
+    if e == 0:
+        v = F(man) * _TWO_M24
+        return exact.from_bits(exact.bits(v) | sign)
+    if e == 31:
+        return exact.from_bits(sign | np.uint32(0x7F800000) | (man << np.uint32(13)))
+    return exact.from_bits(sign | ((e + np.uint32(112)) << np.uint32(23)) | (man << np.uint32(13)))
+
+
+@njit(**_JIT)
+def _b(row, i):
+    """Byte i as a signed 64-bit integer: numba types uint8 op int as a float
+    where an unsigned 64-bit value meets a signed one, so every byte is made
+    signed before any bit operation."""
+    return np.int64(row[i])
+
+
+@njit(**_JIT)
+def _s8(u):
+    return np.int32(np.int8(np.uint8(u)))
+
+
+@njit(**_JIT)
+def _k4(q, at, j):
+    """Q4_K/Q5_K's 6-bit (scale, min) pair j from the 12 bytes at `at`."""
+    if j < 4:
+        return np.int32(_b(q, at + j) & 63), np.int32(_b(q, at + j + 4) & 63)
+    return (np.int32((_b(q, at + j + 4) & 15) | ((_b(q, at + j - 4) >> 6) << 4)),
+            np.int32((_b(q, at + j + 4) >> 4) | ((_b(q, at + j) >> 6) << 4)))
+
+
+@njit(**_JIT)
+def _q3_scale(q, at, s):
+    low = (_b(q, at + s) & 15) if s < 8 else (_b(q, at + s - 8) >> 4)
+    high = (_b(q, at + 8 + s % 4) >> (2 * (s // 4))) & 3
+    return np.int32(low | (high << 4)) - np.int32(32)
+
+
+@njit(**_JIT)
+def decode_row(code, row, scales, cols, out):
+    """out[:cols] = the values of one stored row (formats.matrix.dequantize)."""
+    if code == 0:                                               # f32: its own bits
+        for j in range(cols):
+            out[j] = exact.from_bits(np.uint32(_b(row, 4 * j)) | (np.uint32(_b(row, 4 * j + 1)) << np.uint32(8))
+                                     | (np.uint32(_b(row, 4 * j + 2)) << np.uint32(16))
+                                     | (np.uint32(_b(row, 4 * j + 3)) << np.uint32(24)))
+    elif code == 1 or code == 2:                                  # f16, bf16
+        for j in range(cols):
+            if code == 1:
+                out[j] = _f16(row, 2 * j)
+            else:
+                out[j] = exact.from_bits((np.uint32(_b(row, 2 * j)) | (np.uint32(_b(row, 2 * j + 1)) << np.uint32(8)))
+                                      << np.uint32(16))
+    elif code == 3:                                             # int8: q * scale
+        s = scales[0]
+        for j in range(cols):
+            out[j] = F(_s8(_b(row, j))) * s
+    elif code == 4:                                             # int4-g64: (nibble - 8) * scale
+        for j in range(cols):
+            b = _b(row, j >> 1)
+            q = np.int32((b >> 4) if j & 1 else (b & 15)) - np.int32(8)
+            out[j] = F(q) * scales[j >> 6]
+    elif code == 5:                                             # fp8 e4m3 * block scale
+        for j in range(cols):
+            out[j] = FP8_E4M3[_b(row, j)] * scales[j >> 7]
+    elif code <= 10:
+        _decode_32(code, row, cols, out)
+    else:
+        _decode_256(code, row, cols, out)
+
+
+@njit(**_JIT)
+def _decode_32(code, row, cols, out):
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32."""
+    size = (18, 20, 22, 24, 34)[code - 6]
+    for b in range(cols // 32):
+        o, y = b * size, b * 32
+        d = _f16(row, o)
+        if code == 10:                                          # q8_0: q * d
+            for j in range(32):
+                out[y + j] = F(_s8(_b(row, o + 2 + j))) * d
+            continue
+        m = _f16(row, o + 2) if code == 7 or code == 9 else F(0.0)
+        qs = o + (2, 4, 6, 8)[code - 6]
+        qh = np.uint32(0)
+        if code == 8 or code == 9:
+            at = o + (2 if code == 8 else 4)
+            qh = (np.uint32(_b(row, at)) | (np.uint32(_b(row, at + 1)) << np.uint32(8))
+                  | (np.uint32(_b(row, at + 2)) << np.uint32(16)) | (np.uint32(_b(row, at + 3)) << np.uint32(24)))
+        for j in range(16):
+            lo = np.int32(_b(row, qs + j) & 15)
+            hi = np.int32(_b(row, qs + j) >> 4)
+            if code == 8 or code == 9:
+                lo |= np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
+                hi |= np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
+            if code == 6:
+                out[y + j], out[y + j + 16] = d * F(lo - 8), d * F(hi - 8)
+            elif code == 8:
+                out[y + j], out[y + j + 16] = d * F(lo - 16), d * F(hi - 16)
+            else:                                               # q4_1, q5_1: (d * q) + m
+                out[y + j], out[y + j + 16] = d * F(lo) + m, d * F(hi) + m
+
+
+@njit(**_JIT)
+def _decode_256(code, row, cols, out):
+    """Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: blocks of 256."""
+    size = (84, 110, 144, 176, 210)[code - 11]
+    for b in range(cols // 256):
+        o, y = b * size, b * 256
+        if code == 11:                                          # q2_k: (d * sc) * q - (dmin * mn)
+            d, dmin = _f16(row, o + 80), _f16(row, o + 82)
+            for e in range(256):
+                half, rest = e // 128, e % 128
+                pas, l = rest // 32, rest % 32
+                s = _b(row, o + e // 16)
+                q = (_b(row, o + 16 + 32 * half + l) >> (2 * pas)) & 3
+                out[y + e] = (d * F(s & 15)) * F(q) - dmin * F(s >> 4)
+        elif code == 12:                                        # q3_k: (d * (sc - 32)) * q
+            d = _f16(row, o + 108)
+            for e in range(256):
+                half, rest = e // 128, e % 128
+                pas, l = rest // 32, rest % 32
+                low = np.int32((_b(row, o + 32 + 32 * half + l) >> (2 * pas)) & 3)
+                hbit = (_b(row, o + l) >> (4 * half + pas)) & 1
+                q = low - (np.int32(0) if hbit else np.int32(4))
+                out[y + e] = (d * F(_q3_scale(row, o + 96, e // 16))) * F(q)
+        elif code == 13 or code == 14:                          # q4_k, q5_k
+            d, dmin = _f16(row, o), _f16(row, o + 2)
+            qs = o + (16 if code == 13 else 48)
+            for e in range(256):
+                chunk, rest = e // 64, e % 64
+                nib, l = rest // 32, rest % 32
+                sc, mn = _k4(row, o + 4, e // 32)
+                q = np.int32((_b(row, qs + 32 * chunk + l) >> (4 * nib)) & 15)
+                if code == 14:
+                    q |= np.int32(((_b(row, o + 16 + l) >> (2 * chunk + nib)) & 1) << 4)
+                out[y + e] = (d * F(sc)) * F(q) - dmin * F(mn)
+        else:                                                   # q6_k: (d * sc) * (q - 32)
+            d = _f16(row, o + 208)
+            for e in range(256):
+                half, rest = e // 128, e % 128
+                k, l = rest // 32, rest % 32
+                lo = (_b(row, o + 64 * half + 32 * (k % 2) + l) >> (4 * (k // 2))) & 15
+                hi = (_b(row, o + 128 + 32 * half + l) >> (2 * k)) & 3
+                q = np.int32(lo | (hi << 4)) - np.int32(32)
+                out[y + e] = (d * F(_s8(_b(row, o + 192 + e // 16)))) * F(q)
+
+
+@njit(parallel=True, **_JIT)
+def _gemv(code, data, scales, x, out):
+    """out[r, m] = dot(x[r], row m's values) for every stored row m."""
+    rows, n, cols = data.shape[0], x.shape[0], x.shape[1]
+    blocks = (rows + BLOCK - 1) // BLOCK
+    threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
+    for b in prange(blocks):
+        buf = np.empty(cols, F)
+        for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
+            decode_row(code, data[m], scales[m], cols, buf)
+            r = 0
+            while r < 3 * threes:
+                out[r, m], out[r + 1, m], out[r + 2, m] = dot3(buf, x[r], x[r + 1], x[r + 2])
+                r += 3
+            while r + 2 <= n:
+                out[r, m], out[r + 1, m] = dot2(buf, x[r], x[r + 1])
+                r += 2
+            if r < n:
+                out[r, m] = dot(buf, x[r])
+
+
+def scales_2d(w) -> np.ndarray:
+    """The weight's outside scales as float32 (rows, >= 1) (a dummy column for
+    formats that keep their scales in the blocks)."""
+    if w.scales.size:
+        return np.ascontiguousarray(w.scales, dtype=F)
+    return np.zeros((w.data.shape[0], 1), F)
+
+
+def gemv(w, x: np.ndarray) -> np.ndarray:
+    """(n, cols) rows -> (n, stored rows): every stored row of w, in storage order."""
+    if w.fmt == "f32":                                          # no decoding: the values are the bytes
+        return jit.gemv(w.data.view(F), x)
+    out = np.empty((x.shape[0], w.data.shape[0]), F)
+    _gemv(CODES[w.fmt], w.data, scales_2d(w), np.ascontiguousarray(x, dtype=F), out)
+    return out
+
+
+def decode(w) -> np.ndarray:
+    """Every stored row's values (tests: the decoders against the definitions)."""
+    out = np.empty((w.data.shape[0], w.cols), F)
+    sc, code = scales_2d(w), CODES[w.fmt]
+    for m in range(w.data.shape[0]):
+        decode_row(code, w.data[m], sc[m], w.cols, out[m])
+    return out

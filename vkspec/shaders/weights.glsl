@@ -1,0 +1,137 @@
+// A weight's values from the bytes its file stores: the GLSL twin of
+// vkspec/formats/matrix.py's dequantize (formats/ggml.py for GGUF's block
+// types, formats/quant.py for int8 and int4-g64), formula for formula. Every
+// product below is exact in float32 (a scale's 11-bit significand times a
+// few-bit integer), so only the final + m / - dmin * mn rounds, as in the
+// definition; `precise` keeps any driver from fusing that one.
+//
+// The including shader declares `buffer W { uint wq[]; }` (the weight's bytes,
+// rows after rows) and `buffer S { float scales[]; }` (int8, int4-g64 and fp8
+// keep their scales there), and defines one W_<FORMAT>. A row starts at byte
+// rb; its outside scales at s0.
+#ifndef VKSPEC_WEIGHTS_GLSL
+#define VKSPEC_WEIGHTS_GLSL
+
+uint w_byte(uint o) { return (wq[o >> 2] >> ((o & 3u) << 3)) & 0xffu; }
+uint w_u16(uint o) { return (wq[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; }   // o even
+uint w_u32(uint o) { return w_u16(o) | (w_u16(o + 2u) << 16); }              // o even
+int w_s8(uint b) { return int(b << 24) >> 24; }
+
+// f16 bits widened exactly (formats/ggml.py f16_bits_to_f32)
+float w_f16(uint h) {
+    uint sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0u) {
+        precise float v = float(m) * 5.9604644775390625e-8;      // m * 2**-24, exact
+        return uintBitsToFloat(floatBitsToUint(v) | sign);
+    }
+    if (e == 31u) return uintBitsToFloat(sign | 0x7f800000u | (m << 13));
+    return uintBitsToFloat(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// e4m3fn bits as float32 (exact): subnormals m * 2**-9, S.1111.111 NaN
+float w_fp8(uint b) {
+    uint sign = (b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15u && m == 7u) return uintBitsToFloat(sign | 0x7fc00000u);
+    if (e == 0u) {
+        precise float v = float(m) * 0.001953125;
+        return uintBitsToFloat(floatBitsToUint(v) | sign);
+    }
+    return uintBitsToFloat(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// Q4_K/Q5_K's 6-bit (scale, min) pair j of the 12 bytes at o
+uvec2 w_k4(uint o, uint j) {
+    if (j < 4u) return uvec2(w_byte(o + j) & 63u, w_byte(o + j + 4u) & 63u);
+    return uvec2((w_byte(o + j + 4u) & 15u) | ((w_byte(o + j - 4u) >> 6) << 4),
+                 (w_byte(o + j + 4u) >> 4) | ((w_byte(o + j) >> 6) << 4));
+}
+
+// Q3_K's 6-bit scale s of the 12 bytes at o, minus 32
+int w_q3_scale(uint o, uint s) {
+    uint low = s < 8u ? (w_byte(o + s) & 15u) : (w_byte(o + s - 8u) >> 4);
+    uint high = (w_byte(o + 8u + (s & 3u)) >> (2u * (s >> 2))) & 3u;
+    return int(low | (high << 4)) - 32;
+}
+
+float w_value(uint rb, uint s0, uint e) {
+#if defined(W_F32)
+    return uintBitsToFloat(wq[(rb >> 2) + e]);
+#elif defined(W_F16)
+    return w_f16(w_u16(rb + 2u * e));
+#elif defined(W_BF16)
+    return uintBitsToFloat(w_u16(rb + 2u * e) << 16);
+#elif defined(W_INT8)
+    precise float r = float(w_s8(w_byte(rb + e))) * scales[s0];
+    return r;
+#elif defined(W_INT4_G64)
+    uint b = w_byte(rb + (e >> 1));
+    int q = int((e & 1u) != 0u ? b >> 4 : b & 15u) - 8;
+    precise float r = float(q) * scales[s0 + (e >> 6)];
+    return r;
+#elif defined(W_FP8)
+    precise float r = w_fp8(w_byte(rb + e)) * scales[s0 + (e >> 7)];
+    return r;
+#else
+    uint j = e & 31u;
+#if defined(W_Q4_0)
+    uint o = rb + (e >> 5) * 18u;
+    uint b = w_byte(o + 2u + (j & 15u));
+    precise float r = w_f16(w_u16(o)) * float(int(j < 16u ? b & 15u : b >> 4) - 8);
+#elif defined(W_Q4_1)
+    uint o = rb + (e >> 5) * 20u;
+    uint b = w_byte(o + 4u + (j & 15u));
+    precise float r = w_f16(w_u16(o)) * float(j < 16u ? b & 15u : b >> 4) + w_f16(w_u16(o + 2u));
+#elif defined(W_Q5_0)
+    uint o = rb + (e >> 5) * 22u;
+    uint b = w_byte(o + 6u + (j & 15u));
+    uint q = (j < 16u ? b & 15u : b >> 4) | (((w_u32(o + 2u) >> j) & 1u) << 4);
+    precise float r = w_f16(w_u16(o)) * float(int(q) - 16);
+#elif defined(W_Q5_1)
+    uint o = rb + (e >> 5) * 24u;
+    uint b = w_byte(o + 8u + (j & 15u));
+    uint q = (j < 16u ? b & 15u : b >> 4) | (((w_u32(o + 4u) >> j) & 1u) << 4);
+    precise float r = w_f16(w_u16(o)) * float(q) + w_f16(w_u16(o + 2u));
+#elif defined(W_Q8_0)
+    uint o = rb + (e >> 5) * 34u;
+    precise float r = float(w_s8(w_byte(o + 2u + j))) * w_f16(w_u16(o));
+#else
+    uint k = e & 255u, half_ = k >> 7, rest = k & 127u, l = k & 31u;
+#if defined(W_Q2_K)
+    uint o = rb + (e >> 8) * 84u;
+    uint s = w_byte(o + (k >> 4));
+    uint q = (w_byte(o + 16u + 32u * half_ + l) >> (2u * (rest >> 5))) & 3u;
+    precise float r = (w_f16(w_u16(o + 80u)) * float(s & 15u)) * float(q)
+                      - w_f16(w_u16(o + 82u)) * float(s >> 4);
+#elif defined(W_Q3_K)
+    uint o = rb + (e >> 8) * 110u, pas = rest >> 5;
+    int low = int((w_byte(o + 32u + 32u * half_ + l) >> (2u * pas)) & 3u);
+    uint hbit = (w_byte(o + l) >> (4u * half_ + pas)) & 1u;
+    int q = low - (hbit != 0u ? 0 : 4);
+    precise float r = (w_f16(w_u16(o + 108u)) * float(w_q3_scale(o + 96u, k >> 4))) * float(q);
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+    uint chunk = k >> 6, nib = (k >> 5) & 1u;
+#if defined(W_Q4_K)
+    uint o = rb + (e >> 8) * 144u;
+    uint q = (w_byte(o + 16u + 32u * chunk + l) >> (4u * nib)) & 15u;
+#else
+    uint o = rb + (e >> 8) * 176u;
+    uint q = ((w_byte(o + 48u + 32u * chunk + l) >> (4u * nib)) & 15u)
+             | (((w_byte(o + 16u + l) >> (2u * chunk + nib)) & 1u) << 4);
+#endif
+    uvec2 sm = w_k4(o + 4u, k >> 5);
+    precise float r = (w_f16(w_u16(o)) * float(sm.x)) * float(q) - w_f16(w_u16(o + 2u)) * float(sm.y);
+#elif defined(W_Q6_K)
+    uint o = rb + (e >> 8) * 210u, kk = rest >> 5;
+    uint lo = (w_byte(o + 64u * half_ + 32u * (kk & 1u) + l) >> (4u * (kk >> 1))) & 15u;
+    uint hi = (w_byte(o + 128u + 32u * half_ + l) >> (2u * kk)) & 3u;
+    precise float r = (w_f16(w_u16(o + 208u)) * float(w_s8(w_byte(o + 192u + (k >> 4)))))
+                      * float(int(lo | (hi << 4)) - 32);
+#else
+#error "define one W_<format>"
+#endif
+#endif
+    return r;
+#endif
+}
+
+#endif
