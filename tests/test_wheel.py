@@ -64,8 +64,7 @@ def test_installed_wheel_runs_on_the_device_outside_the_checkout(installed):
     exe, site, _, work = installed
     before = _spirv(site)
     got = json.loads(_sh([exe, RUN[0], work / "tiny-hybrid", *RUN[1:]], cwd=work))
-    want = json.loads(_sh([sys.executable, "-m", "vkspec.cli", RUN[0], ROOT / "models/tiny-hybrid",
-                           *RUN[1:]]))
+    want = json.loads(_sh([sys.executable, "-m", "vkspec.cli", RUN[0], work / "tiny-hybrid", *RUN[1:]]))
     assert got["backend"] == "vulkan" and len(got["tokens"]) == 4
     assert got["digest"] == want["digest"]
     # pip's unpacking order makes some .glsl look newer than the .spv: an
