@@ -51,8 +51,8 @@ def _run(args) -> int:
                             stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
     finally:
         save_vocab(sources)
-        if tier is not None and tier.history:
-            model.tier.save_history(tier.history)
+        if tier is not None and args.tier_history_out:
+            model.tier.save_history(args.tier_history_out)
     try:
         tok = load_tokenizer(args.model)
     except Exception:
@@ -147,11 +147,12 @@ def _tier(args, model_dir):
     """--tier-* flags -> a TierConfig (or None: every expert on the device)."""
     if args.tier_gb is None:
         return None
-    from .tier.history import FILE_NAME
+    from .tier.history import default_paths
     from .tier.resident import TierConfig
     hist = args.tier_history
-    if hist == "":
-        hist = str(Path(model_dir) / FILE_NAME)
+    args.tier_history_out = hist               # saved at the end (None: not saved)
+    if hist == "":                             # the cache copy, started from the model's own
+        hist, args.tier_history_out = default_paths(model_dir)
     return TierConfig(budget_gb=args.tier_gb, rate=args.tier_rate, balance=not args.tier_no_balance,
                       stream=args.tier_stream, history=hist)
 
@@ -195,8 +196,8 @@ def _serve(args) -> int:
         pass
     finally:
         save_vocab(sources)
-        if tier is not None and tier.history:
-            model.tier.save_history(tier.history)
+        if tier is not None and args.tier_history_out:
+            model.tier.save_history(args.tier_history_out)
         print("[vkspec serve] stopped; counts saved", file=sys.stderr, flush=True)
     return 0
 
@@ -253,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier-stream", action="store_true",
                    help="stream missing experts through the device instead of the CPU")
     p.add_argument("--tier-history", nargs="?", const="", default=None,
-                   help="start from this usage history (default: expert_usage.json beside the "
-                        "model) and save it at the end")
+                   help="start from this usage history and save it at the end (without a path: "
+                        "the user's cache, first started from expert_usage.json beside the model)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
