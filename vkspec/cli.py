@@ -164,6 +164,9 @@ def _serve(args) -> int:
     from .serve.text import chat_template
     from .spec.sources import build, listed_size, save_vocab
     from .tokenizer import load_tokenizer
+    from .errors import VkspecError
+    if not args.max_body_mb > 0 or not args.state_budget_mb >= 0:
+        raise VkspecError("--max-body-mb must be above 0 and --state-budget-mb at least 0")
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
     model = _load_for_spec(args, cfg, tier)
@@ -180,9 +183,16 @@ def _serve(args) -> int:
         tok = None
     sources, gate = build(model, cfg, args.model)
     engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
-                    eos=set(model.cfg.eos_token_id))
+                    eos=set(model.cfg.eos_token_id), budget_bytes=int(args.state_budget_mb * (1 << 20)))
     name = Path(args.model).name
-    app = create_app(engine, tok, name, chat_template(args.model))
+    import os
+    from .serve.guard import is_loopback
+    key = args.api_key if args.api_key is not None else os.environ.get("VKSPEC_API_KEY") or None
+    if not key and not is_loopback(args.host):
+        print(f"[vkspec serve] warning: listening on {args.host} without an API key: anyone who can reach "
+              "this port can use the model (set --api-key or VKSPEC_API_KEY)", file=sys.stderr, flush=True)
+    app = create_app(engine, tok, name, chat_template(args.model), api_key=key,
+                     max_body=int(args.max_body_mb * (1 << 20)), bind_host=args.host, allow_hosts=args.allow_host)
     print(f"[vkspec serve] {name} on http://{args.host}:{args.port} ({args.backend}, {args.dtype}, "
           f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
     import signal
@@ -282,6 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tier-no-balance", action="store_true")
     p.add_argument("--tier-stream", action="store_true")
     p.add_argument("--tier-history", nargs="?", const="", default=None)
+    p.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY (default: VKSPEC_API_KEY; none on loopback)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body (413 above it)")
+    p.add_argument("--state-budget-mb", type=float, default=1024.0,
+                   help="bytes for pins and saved turn states together (least recently used go first)")
+    p.add_argument("--allow-host", action="append", default=[],
+                   help="another name this server answers to in Host (repeatable; default: loopback "
+                        "names and --host)")
 
     p = sub.add_parser("plan", help="the memory plan")
     p.add_argument("model")
