@@ -27,7 +27,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(model_dir, tmp_path_factory):
-    s = Server(model_dir, tmp_path_factory.mktemp("limits") / "serve.log", "--backend", "cpu", "--spec", "auto")
+    s = Server(model_dir, tmp_path_factory.mktemp("limits") / "serve.log", "--backend", "cpu", "--spec", "auto",
+               env={"NUMBA_NUM_THREADS": "1"})     # see test_serve_fuzz.py: the input is the point here
     yield s
     s.stop()
 
