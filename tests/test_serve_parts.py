@@ -107,14 +107,19 @@ def test_a_state_costs_the_bytes_of_its_arrays_each_once():
     assert measure([a, (b, a)], {"x": b}, 7, "text") == a.nbytes + b.nbytes
 
 
-def test_an_engine_state_costs_what_its_snapshot_holds(tmp_path):
+@pytest.fixture
+def engine(tmp_path):
     from vkspec.model import load_model
     from vkspec.serve.engine import Engine
     from vkspec.spec import SpecConfig
     from vkspec.spec.sources import build
     model = load_model(make_tiny(tmp_path / "m", seed=6, mtp=True, echo=True), mtp=True)
     sources, gate = build(model, SpecConfig(spec_mode="auto"))
-    engine = Engine(model, None, sources, gate)
+    return Engine(model, None, sources, gate)
+
+
+def test_an_engine_state_costs_what_its_snapshot_holds(engine):
+    sources = engine.sources
     pin = engine.pin("p", list(range(1, 40)))
     snap = pin.snap
     arrays = snap.kv_k + snap.kv_v + snap.conv + snap.ssm + [snap.mtp_k, snap.mtp_v]
@@ -124,6 +129,28 @@ def test_an_engine_state_costs_what_its_snapshot_holds(tmp_path):
         + vocab.ids.nbytes
     assert pin.nbytes == want
     assert engine.pins()["data"] == [{"name": "p", "tokens": 39, "bytes": want}]
+
+
+def test_listing_and_deleting_pins_do_not_wait_for_the_engine_lock(engine):
+    """The lock is held as a running turn holds it; the routes answer anyway
+    (they took it before, and froze every stream and /health meanwhile)."""
+    import threading
+    from fastapi.testclient import TestClient
+    from vkspec.serve.app import create_app
+    engine.pin("p", [1, 2, 3])
+    app = create_app(engine, None, "m", None, allow_hosts=["testserver"])
+    got = {}
+    with TestClient(app) as client, engine.lock:
+        def calls():
+            got["list"] = client.get("/v1/pins").json()
+            got["delete"] = client.delete("/v1/pins/p").status_code
+            got["health"] = client.get("/health").status_code
+        t = threading.Thread(target=calls, daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "a pin route waited for the engine lock"
+    assert [p["name"] for p in got["list"]["data"]] == ["p"] and got["delete"] == 200 and got["health"] == 200
+    assert engine.pins()["data"] == []
 
 
 # --- a generation that fails mid-stream ---------------------------------------------------

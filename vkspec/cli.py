@@ -201,7 +201,9 @@ def _serve(args) -> int:
         raise SystemExit(0)
     signal.signal(signal.SIGTERM, on_term)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        # on a signal, open turns get 5 s; then their tasks are cancelled, which
+        # cancels the turns at their next round
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     except SystemExit:
         pass
     finally:

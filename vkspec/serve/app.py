@@ -167,7 +167,10 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         cancel = threading.Event()
 
         def put(item):
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:                  # the loop is closed: nobody is waiting
+                pass
 
         def on_token(tok, row):
             delta = stream.push(tok)
@@ -178,9 +181,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             put(("token", delta, info))
             return stream.stopped
 
-        def work():
-            if cancel.is_set():                   # the client left while the turn waited
-                return
+        def work():                               # always ends with one "end" or "error"
             try:
                 turn = engine.run(prompt, max_tokens, sampler, on_token, cancel.is_set)
                 tail = stream.flush()
@@ -190,9 +191,13 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 traceback.print_exception(e, file=sys.stderr)
                 put(("error", f"{type(e).__name__}: {e}".splitlines()[0], None))
 
+        def never_ran(fut):                       # the pool was shut down before the turn's turn
+            if fut.cancelled():
+                put(("error", "the server is shutting down", None))
+
         active.add(cancel)
         watcher = asyncio.create_task(watch(request, cancel))
-        loop.run_in_executor(engine_pool, work)
+        engine_pool.submit(work).add_done_callback(never_ran)
         try:
             while True:
                 kind, text, info = await queue.get()

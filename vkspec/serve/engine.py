@@ -122,6 +122,10 @@ class Engine:
             cancelled=None) -> Turn:
         """Generate up to max_tokens after prompt. on_token(tok, logits_row) -> True
         ends the turn (a stop string); cancelled() -> True cancels it."""
+        if cancelled is not None and cancelled():        # its client left while it waited
+            self.cancelled += 1
+            print("[vkspec serve] a turn was cancelled before it started", file=sys.stderr, flush=True)
+            return Turn(cancelled=True)
         with self.lock:
             turn = Turn()
             t0 = time.perf_counter()
