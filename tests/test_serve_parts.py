@@ -185,3 +185,19 @@ def test_a_generation_that_fails_mid_stream_ends_with_an_error_frame():
         assert err["message"] == "generation failed: RuntimeError: device lost" and err["type"] == "server_error"
         r = client.post("/v1/completions", json=body)
         assert r.status_code == 500 and r.json()["error"]["message"] == "generation failed: RuntimeError: device lost"
+
+
+# --- the Guard's idea of the server's own name ----------------------------------------------
+
+def test_the_server_answers_to_its_own_names_only():
+    from vkspec.serve.guard import Guard, host_name, is_loopback
+    loop = Guard(None, bind_host="127.0.0.1", allow_hosts=["llm.lan"])
+    assert all(loop.host_allowed(h) for h in ("localhost", "127.0.0.1", "127.0.0.2", "::1", "LLM.lan"))
+    assert not any(loop.host_allowed(h) for h in ("evil.example", "10.0.0.2", "localhost.evil.example"))
+    anywhere = Guard(None, bind_host="0.0.0.0")
+    assert anywhere.host_allowed("192.168.1.5") and anywhere.host_allowed("fe80::1")
+    assert not anywhere.host_allowed("evil.example")              # a name can be rebound, an address cannot
+    one = Guard(None, bind_host="10.1.2.3")
+    assert one.host_allowed("10.1.2.3") and not one.host_allowed("10.1.2.4")
+    assert host_name("[::1]:8000") == "::1" and host_name("a:b") is None and host_name("x:99999") is None
+    assert is_loopback("localhost") and is_loopback("[::1]") and not is_loopback("0.0.0.0")
