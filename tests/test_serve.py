@@ -21,7 +21,7 @@ REPEAT = "def f(x):\n    return x + 1\n" * 3
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("echo"), seed=6, mtp=True, echo=True)
+    return make_tiny(tmp_path_factory.mktemp("model") / "echo0", seed=6, mtp=True, echo=True)
 
 
 @pytest.fixture(scope="module", params=["cpu", "vulkan"])

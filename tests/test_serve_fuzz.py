@@ -116,7 +116,7 @@ def requests(draw):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = make_tiny(tmp_path_factory.mktemp("echo"), seed=6, mtp=True, echo=True)
+    model = make_tiny(tmp_path_factory.mktemp("model") / "echo0", seed=6, mtp=True, echo=True)
     # one CPU thread for the kernels: on 2 cores shared with this test's own
     # process, numba's OpenMP threads wait on each other (2-token turns took
     # ~0.5 s instead of ~15 ms); the point here is the input, not the speed
@@ -175,6 +175,7 @@ def test_malformed_requests_never_get_a_server_error(server):
           f"{len(server_errors)}; /health: {watch.checks} checks, slowest {watch.slowest * 1e3:.0f} ms, "
           f"{len(watch.failures)} failed")
     assert len(seen) >= 2000
+    assert by_status.get(200, 0) >= 20            # some were served: turns ran among the refusals
     assert not server_errors, server_errors[:5]
     assert watch.checks > 0 and not watch.failures, watch.failures[:5]
     assert "Traceback" not in open(server.log).read()
