@@ -4,10 +4,6 @@ input, cancellation, concurrency."""
 
 import json
 import os
-import re
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,46 +14,14 @@ from conftest import require
 from vkspec.tiny import make_tiny
 
 openai = require("openai")
+from serve_helpers import Server  # noqa: E402
 
 REPEAT = "def f(x):\n    return x + 1\n" * 3
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, model_dir, log, *args):
-        self.port = free_port()
-        self.log = log
-        self.proc = subprocess.Popen([sys.executable, "-m", "vkspec.cli", "serve", str(model_dir),
-                                      "--port", str(self.port), *args],
-                                     stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=os.environ)
-        self.url = f"http://127.0.0.1:{self.port}"
-        for _ in range(300):
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(open(log).read())
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
-
-    def turns(self):
-        return [tuple(map(int, m)) for m in
-                re.findall(r"turn \d+: prompt (\d+) \(reused (\d+)\)", open(self.log).read())]
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp("echo"), seed=6, mtp=True, echo=True)
+    return make_tiny(tmp_path_factory.mktemp("model") / "echo0", seed=6, mtp=True, echo=True)
 
 
 @pytest.fixture(scope="module", params=["cpu", "vulkan"])
@@ -205,17 +169,26 @@ def test_bad_chat_requests_and_routes(servers):
 
 
 def test_a_client_that_leaves_mid_stream_cancels_its_turn(servers):
+    """The turn is cancelled (the server's count says so) and the state it
+    leaves serves the next turns as before."""
     plain, spec = servers
-    want = frames(spec, prompt=REPEAT + "#", max_tokens=60, temperature=0)
+    prompt = "class Other:\n"                   # no end-of-text for hundreds of tokens
+    want = frames(spec, prompt=prompt, max_tokens=60, temperature=0)
+    assert len(want) > 30
+    cancelled = spec.health()["cancelled"]
     with httpx.stream("POST", spec.url + "/v1/completions",
-                      json={"model": "echo0", "prompt": REPEAT + "#", "max_tokens": 400, "stream": True,
+                      json={"model": "echo0", "prompt": prompt, "max_tokens": 900, "stream": True,
                             "temperature": 0}) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 6:
                 break                               # hang up
-    time.sleep(0.5)
-    assert frames(spec, prompt=REPEAT + "#", max_tokens=60, temperature=0) == want
-    assert frames(plain, prompt=REPEAT + "#", max_tokens=60, temperature=0) == want
+    for _ in range(300):                            # the turn ends at its next round
+        if spec.health()["cancelled"] > cancelled:
+            break
+        time.sleep(0.1)
+    assert spec.health()["cancelled"] == cancelled + 1
+    assert frames(spec, prompt=prompt, max_tokens=60, temperature=0) == want
+    assert frames(plain, prompt=prompt, max_tokens=60, temperature=0) == want
 
 
 def test_concurrent_clients_get_what_they_get_alone(servers):

@@ -1,4 +1,6 @@
-"""The MTP head's draft vocabulary: the list's rules and its counts file."""
+"""The MTP head's draft vocabulary: the list's rules and its counts file (in
+the user's cache, keyed by the model's content hash; the model folder is
+only read)."""
 
 import json
 import os
@@ -14,6 +16,7 @@ from vkspec.loader import load_model
 from vkspec.sampling import Sampler
 from vkspec.speculative import SpecConfig, generate_spec
 from vkspec.speculative.sources import build
+from vkspec.cachedir import model_cache_dir
 from vkspec.speculative.vocab import FILE_NAME, HALVE_EVERY, DraftVocab, read_counts, write_counts
 from vkspec.tiny import make_tiny
 
@@ -59,24 +62,88 @@ def tiny_dir(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("tiny"), seed=2, mtp=True, echo=True)
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache folder of this test's own (XDG_CACHE_HOME, seen by subprocesses too)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg"
+
+
+def counts_path(model_dir):
+    return model_cache_dir(model_dir) / FILE_NAME
+
+
 def run_mtp(model_dir, *extra):
     env = dict(os.environ)
     res = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(model_dir), "--prompt-ids",
                           "1,2,3,4", "-n", "12", "--spec", "mtp", "--json", *extra],
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
     return json.loads(res.stdout), res.stderr
 
 
-def test_a_run_saves_counts_and_the_next_starts_from_them(tiny_dir):
-    path = tiny_dir / FILE_NAME
-    path.unlink(missing_ok=True)
+def folder_state(d):
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in d.iterdir())
+
+
+def test_a_run_saves_counts_in_the_cache_and_the_next_starts_from_them(tiny_dir, cache):
+    before = folder_state(tiny_dir)
+    path = counts_path(tiny_dir)
+    assert str(path).startswith(str(cache / "vkspec" / "models"))
     run_mtp(tiny_dir)
     c1, _ = read_counts(path, 512)
     assert c1.sum() == 4 + 12                            # prompt tokens and picks
     run_mtp(tiny_dir)
     c2, _ = read_counts(path, 512)
     assert c2.sum() == 2 * (4 + 12)
+    assert folder_state(tiny_dir) == before               # the model folder is never written
+
+
+def test_shipped_counts_start_the_first_run_and_are_never_written(tiny_dir, cache):
+    shipped = tiny_dir / FILE_NAME
+    write_counts(shipped, np.full(512, 2.0, np.float32), 0)
+    data = shipped.read_bytes()
+    try:
+        run_mtp(tiny_dir)
+        c1, _ = read_counts(counts_path(tiny_dir), 512)
+        assert c1.sum() == 2 * 512 + 4 + 12               # began from the shipped counts
+        run_mtp(tiny_dir)
+        c2, _ = read_counts(counts_path(tiny_dir), 512)
+        assert c2.sum() == c1.sum() + 4 + 12              # then from the cache copy
+        assert shipped.read_bytes() == data
+    finally:
+        shipped.unlink()
+
+
+def test_an_unwritable_cache_costs_one_warning_line_not_the_output(tiny_dir, tmp_path, monkeypatch):
+    """Root writes through chmod, so the place that cannot be written is a
+    path under a plain file."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
+    ref, _ = run_mtp(tiny_dir)
+    out, err = run_mtp(tiny_dir)
+    assert out["tokens"] == ref["tokens"] and len(out["tokens"]) == 12
+    warnings = [line for line in err.splitlines() if "were not saved" in line]
+    assert len(warnings) == 1 and "draft-vocabulary counts" in warnings[0]
+
+
+def test_the_cache_key_follows_the_content_not_the_place(tiny_dir, tmp_path):
+    import shutil
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tiny_dir, copy)
+    assert model_cache_dir(copy) == model_cache_dir(tiny_dir)
+    w = copy / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 1                                        # a weight's last byte
+    w.write_bytes(bytes(data))
+    assert model_cache_dir(copy) != model_cache_dir(tiny_dir)
+    shutil.copy(tiny_dir / "model.safetensors", w)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["rms_norm_eps"] = cfg.get("rms_norm_eps", 1e-6) * 2
+    (copy / "config.json").write_text(json.dumps(cfg))
+    assert model_cache_dir(copy) != model_cache_dir(tiny_dir)
 
 
 def _good(vocab=512):
@@ -91,15 +158,28 @@ def _good(vocab=512):
     (lambda b: b[:-9], "ends on a damaged record"),
     (lambda b: b[:-6] + bytes([b[-6] ^ 1]) + b[-5:], "checksum mismatch"),
 ])
-def test_a_bad_counts_file_is_never_overwritten(tiny_dir, damage, reason):
-    path = tiny_dir / FILE_NAME
+def test_a_bad_counts_file_is_never_overwritten(tiny_dir, cache, damage, reason):
+    path = counts_path(tiny_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
     bad = damage(_good())
     path.write_bytes(bad)
     out, err = run_mtp(tiny_dir)
     assert path.read_bytes() == bad                      # kept as it was
     assert reason in err and err.count(reason) == 1
     assert out["tokens"]
-    path.unlink()
+
+
+def test_bad_shipped_counts_are_read_past_and_kept(tiny_dir, cache):
+    shipped = tiny_dir / FILE_NAME
+    shipped.write_bytes(b"garbage")
+    try:
+        out, err = run_mtp(tiny_dir)
+        assert err.count("not a vkspec vocabulary-usage file") == 1 and out["tokens"]
+        assert shipped.read_bytes() == b"garbage"
+        c, _ = read_counts(counts_path(tiny_dir), 512)  # the cache starts from zero counts
+        assert c.sum() == 4 + 12
+    finally:
+        shipped.unlink()
 
 
 def test_the_list_never_changes_output(tiny_dir):

@@ -73,8 +73,8 @@ def _run(args) -> int:
                             stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
     finally:
         save_vocab(sources)
-        if tier is not None and tier.history:
-            model.tier.save_history(tier.history)
+        if tier is not None and args.tier_history_out:
+            model.tier.save_history(args.tier_history_out)
     text = tok.decode(res.tokens) if tok else ""
     c = res.counters
     print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | "
@@ -169,11 +169,12 @@ def _tier(args, model_dir):
     """--tier-* flags -> a TierConfig (or None: every expert on the device)."""
     if args.tier_gb is None:
         return None
-    from .tier.history import FILE_NAME
+    from .tier.history import default_paths
     from .tier.resident import TierConfig
     hist = args.tier_history
-    if hist == "":
-        hist = str(Path(model_dir) / FILE_NAME)
+    args.tier_history_out = hist               # saved at the end (None: not saved)
+    if hist == "":                             # the cache copy, started from the model's own
+        hist, args.tier_history_out = default_paths(model_dir)
     return TierConfig(budget_gb=args.tier_gb, rate=args.tier_rate, balance=not args.tier_no_balance,
                       stream=args.tier_stream, history=hist)
 
@@ -185,6 +186,9 @@ def _serve(args) -> int:
     from .serve.text import chat_template
     from .speculative.sources import build, listed_size, save_vocab
     from .tokenizer import find_tokenizer
+    from .errors import VkspecError
+    if not args.max_body_mb > 0 or not args.state_budget_mb >= 0:
+        raise VkspecError("--max-body-mb must be above 0 and --state-budget-mb at least 0")
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
     model = _load_for_spec(args, cfg, tier)
@@ -198,9 +202,16 @@ def _serve(args) -> int:
     tok = find_tokenizer(args.model)
     sources, gate = build(model, cfg, args.model)
     engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
-                    eos=set(model.cfg.eos_token_id))
+                    eos=set(model.cfg.eos_token_id), budget_bytes=int(args.state_budget_mb * (1 << 20)))
     name = Path(args.model).name
-    app = create_app(engine, tok, name, chat_template(args.model))
+    import os
+    from .serve.guard import is_loopback
+    key = args.api_key if args.api_key is not None else os.environ.get("VKSPEC_API_KEY") or None
+    if not key and not is_loopback(args.host):
+        print(f"[vkspec serve] warning: listening on {args.host} without an API key: anyone who can reach "
+              "this port can use the model (set --api-key or VKSPEC_API_KEY)", file=sys.stderr, flush=True)
+    app = create_app(engine, tok, name, chat_template(args.model), api_key=key,
+                     max_body=int(args.max_body_mb * (1 << 20)), bind_host=args.host, allow_hosts=args.allow_host)
     print(f"[vkspec serve] {name} on http://{args.host}:{args.port} ({args.backend}, {args.dtype}, "
           f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
     import signal
@@ -209,13 +220,15 @@ def _serve(args) -> int:
         raise SystemExit(0)
     signal.signal(signal.SIGTERM, on_term)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        # on a signal, open turns get 5 s; then their tasks are cancelled, which
+        # cancels the turns at their next round
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     except SystemExit:
         pass
     finally:
         save_vocab(sources)
-        if tier is not None and tier.history:
-            model.tier.save_history(tier.history)
+        if tier is not None and args.tier_history_out:
+            model.tier.save_history(args.tier_history_out)
         print("[vkspec serve] stopped; counts saved", file=sys.stderr, flush=True)
     return 0
 
@@ -261,8 +274,8 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     tier.add_argument("--tier-stream", action="store_true",
                       help="stream missing experts through the device instead of the CPU")
     tier.add_argument("--tier-history", nargs="?", const="", default=None,
-                      help="start from this usage history (default: expert_usage.json beside the "
-                           "model) and save it at the end")
+                      help="start from this usage history and save it at the end (without a path: "
+                           "the user's cache, first started from expert_usage.json beside the model)")
     return dict(model=model, backend=backend, spec=spec, tier=tier)
 
 
@@ -300,6 +313,14 @@ def _parser() -> argparse.ArgumentParser:
                        parents=[g["model"], g["backend"], g["spec"], g["tier"]])
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY (default: VKSPEC_API_KEY; none on loopback)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body (413 above it)")
+    p.add_argument("--state-budget-mb", type=float, default=1024.0,
+                   help="bytes for pins and saved turn states together (least recently used go first)")
+    p.add_argument("--allow-host", action="append", default=[],
+                   help="another name this server answers to in Host (repeatable; default: loopback "
+                        "names and --host)")
 
     p = sub.add_parser("plan", help="the memory plan", parents=[g["model"]])
     p.add_argument("--budget-gb", type=float, default=None, help="the expert tier's budget")

@@ -2,30 +2,38 @@
 /v1/models, /health, and /v1/pins (vkspec's prefix pins).
 
 Every error is an OpenAI-style object ({"error": {"message", "type", "param",
-"code"}}) with a 4xx status; the server keeps running."""
+"code"}}) with a 4xx status; the server keeps running. Requests pass the
+Guard (guard.py: Host, Origin, API key, JSON only, size) first.
+
+The event loop only moves bytes: parsing, tokenizing and chat templates run
+on a small pool of their own, and everything that takes the engine lock on
+one engine thread (turns, pins), so /health and streams never wait on them.
+A client that goes away (streaming or not) cancels its turn.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import secrets
+import sys
 import threading
 import time
+import traceback
 import uuid
-from typing import Literal, Union
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..sampling import Sampler, logprobs as token_logprobs
+from .guard import Guard
+from .schema import ApiError, ChatRequest, CompletionRequest, Message, PinRequest, parse_json, validate
+from .store import BudgetError
 from .text import TextStream, render_chat
 
-
-class ApiError(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
+DISCONNECT_POLL_S = 0.1
 
 
 def error(status: int, message: str, param=None, code=None, kind="invalid_request_error"):
@@ -33,74 +41,30 @@ def error(status: int, message: str, param=None, code=None, kind="invalid_reques
                                                                "param": param, "code": code}})
 
 
-class Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
-    stream: bool = False
-    stream_options: dict | None = None
-    n: int = Field(1, ge=1, le=1)
-    user: str | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_key: str | None = None,
+               max_body: int = 8 << 20, bind_host: str = "127.0.0.1", allow_hosts=()) -> FastAPI:
+    engine_pool = ThreadPoolExecutor(1, thread_name_prefix="vkspec-engine")
+    text_pool = ThreadPoolExecutor(2, thread_name_prefix="vkspec-text")
+    active: set[threading.Event] = set()         # the cancel events of turns not yet ended
 
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        for cancel in list(active):               # shutting down: running turns end at their next round
+            cancel.set()
+        engine_pool.shutdown(wait=False, cancel_futures=True)
+        text_pool.shutdown(wait=False, cancel_futures=True)
 
-class CompletionRequest(Common):
-    prompt: Union[str, list[int]]
-    logprobs: int | None = Field(None, ge=0, le=5)
-    echo: Literal[False] = False
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Union[str, list[dict], None] = None
-    name: str | None = None
-
-
-class ChatRequest(Common):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class PinRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    prompt: Union[str, list[int], None] = None
-    messages: list[Message] | None = None
-
-
-def _validation_message(e: ValidationError):
-    err = e.errors()[0]
-    param = ".".join(str(x) for x in err["loc"]) or None
-    if err["type"] == "extra_forbidden":
-        return f"unknown field {param!r}", param
-    return f"{param}: {err['msg']}", param
-
-
-def create_app(engine, tokenizer, model_name: str, template: str | None) -> FastAPI:
-    app = FastAPI(title="vkspec", docs_url=None, redoc_url=None)
+    app = FastAPI(title="vkspec", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_middleware(Guard, bind_host=bind_host, allow_hosts=allow_hosts, api_key=api_key, max_body=max_body)
     created = int(time.time())
+
+    async def off_loop(pool, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     async def body(request: Request, cls):
         raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(f"the body is not valid JSON ({e})")
-        if not isinstance(data, dict):
-            raise ApiError("the body must be a JSON object")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            msg, param = _validation_message(e)
-            raise ApiError(msg, param)
+        return await off_loop(text_pool, lambda: validate(parse_json(raw), cls))
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
@@ -114,9 +78,13 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
     async def _bad_method(request, e):
         return error(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
 
+    @app.exception_handler(Exception)
+    async def _bug(request, e):                   # a bug: one line to the client (uvicorn logs the traceback)
+        return error(500, f"internal error: {type(e).__name__}", code="internal_error", kind="server_error")
+
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name, "turns": engine.turns}
+        return {"status": "ok", "model": model_name, "turns": engine.turns, "cancelled": engine.cancelled}
 
     @app.get("/v1/models")
     async def models():
@@ -131,6 +99,11 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
             return list(prompt)
         if tokenizer is None:
             raise ApiError("this model has no tokenizer: send token ids", "prompt")
+        tk = getattr(tokenizer, "tk", None)
+        if hasattr(tk, "encode_batch"):
+            # tokenizers' encode holds the GIL for the whole text (seconds for
+            # megabytes: /health would stall); encode_batch releases it
+            return tk.encode_batch([prompt], add_special_tokens=False)[0].ids
         return tokenizer.encode(prompt)
 
     def chat_prompt(messages: list[Message]) -> list[int]:
@@ -140,15 +113,20 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
         for m in messages:
             content = m.content
             if isinstance(content, list):
-                if any(p.get("type") != "text" for p in content):
+                if any(p.type != "text" for p in content):
                     raise ApiError("only text content parts are supported", "messages")
-                content = "".join(p.get("text", "") for p in content)
+                content = "".join(p.text or "" for p in content)
             msgs.append({"role": m.role, "content": content or ""})
         try:
             text = render_chat(template, msgs)
-        except Exception as e:
+        except Exception as e:                    # noqa: BLE001 - the template's own errors
             raise ApiError(f"the chat template failed: {e}", "messages")
         return encode(text)
+
+    async def tokens_of(prompt=None, messages=None) -> list[int]:
+        if messages is not None:
+            return await off_loop(text_pool, chat_prompt, messages)
+        return await off_loop(text_pool, encode, prompt)
 
     def check_model(req):
         if req.model != model_name:
@@ -172,15 +150,27 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
     def piece(tok: int) -> str:
         return tokenizer.decode([tok]) if tokenizer else str(tok)
 
-    async def run_turn(prompt, max_tokens, req, top: int | None, chat: bool):
-        """Yields (delta text, logprob info or None, finish reason or None) as tokens come."""
+    async def watch(request: Request, cancel: threading.Event):
+        """Sets cancel once the client has gone (a non-streaming client is
+        otherwise never noticed: nothing is written to it until the end)."""
+        while not cancel.is_set():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+            if await request.is_disconnected():
+                cancel.set()
+
+    async def run_turn(request, prompt, max_tokens, req, sampler, top: int | None):
+        """Yields (kind, delta text, info) as tokens come: ("token", text, logprob
+        info or None), then ("end", text, (finish reason, tokens))."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        stream = TextStream(tokenizer, stops)
+        stream = TextStream(tokenizer, req.stops)
         cancel = threading.Event()
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
-        sampler = Sampler(temperature=req.temperature, top_p=req.top_p, seed=seed)
+
+        def put(item):
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:                  # the loop is closed: nobody is waiting
+                pass
 
         def on_token(tok, row):
             delta = stream.push(tok)
@@ -188,19 +178,26 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
             if top is not None:
                 lp, best = token_logprobs(row, tok, top)
                 info = (piece(tok), lp, [(piece(t), v) for t, v in best])
-            loop.call_soon_threadsafe(queue.put_nowait, ("token", delta, info))
+            put(("token", delta, info))
             return stream.stopped
 
-        def work():
+        def work():                               # always ends with one "end" or "error"
             try:
                 turn = engine.run(prompt, max_tokens, sampler, on_token, cancel.is_set)
                 tail = stream.flush()
                 finish = "stop" if stream.stopped or turn.finish == "stop" else "length"
-                loop.call_soon_threadsafe(queue.put_nowait, ("end", tail, (finish, len(turn.tokens))))
-            except BaseException as e:                          # noqa: BLE001 - reported to the client
-                loop.call_soon_threadsafe(queue.put_nowait, ("error", str(e), None))
+                put(("end", tail, (finish, len(turn.tokens))))
+            except Exception as e:                # noqa: BLE001 - reported to the client
+                traceback.print_exception(e, file=sys.stderr)
+                put(("error", f"{type(e).__name__}: {e}".splitlines()[0], None))
 
-        task = loop.run_in_executor(None, work)
+        def never_ran(fut):                       # the pool was shut down before the turn's turn
+            if fut.cancelled():
+                put(("error", "the server is shutting down", None))
+
+        active.add(cancel)
+        watcher = asyncio.create_task(watch(request, cancel))
+        engine_pool.submit(work).add_done_callback(never_ran)
         try:
             while True:
                 kind, text, info = await queue.get()
@@ -210,14 +207,16 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
                 if kind == "end":
                     break
         finally:
-            cancel.set()                       # a client that went away cancels the turn
+            cancel.set()                          # a client that went away cancels the turn
+            active.discard(cancel)
+            watcher.cancel()
 
     def chat_logprobs(info):
         if info is None:
             return None
         tok, lp, best = info
-        return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+        return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode("utf-8", "replace")),
+                             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8", "replace"))}
                                               for t, v in best]}]}
 
     def completion_logprobs(infos, offset0=0):
@@ -231,13 +230,19 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
         return {"tokens": toks, "token_logprobs": [i[1] for i in infos],
                 "top_logprobs": [dict(i[2]) for i in infos], "text_offset": offsets}
 
-    async def respond(req, prompt, chat: bool):
+    async def respond(request, req, prompt, chat: bool):
         check_model(req)
         max_tokens = limits(prompt, getattr(req, "max_completion_tokens", None) or req.max_tokens)
         if chat:
             top = (req.top_logprobs or 0) if req.logprobs else None
         else:
             top = req.logprobs
+        # everything that can refuse the request happens before the first byte is sent
+        seed = req.seed if req.seed is not None else secrets.randbits(63)
+        try:
+            sampler = Sampler(temperature=req.temperature, top_p=req.top_p, seed=seed)
+        except ValueError as e:
+            raise ApiError(str(e)) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -257,7 +262,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
                     yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
                                  "logprobs": None, "finish_reason": None})
                 try:
-                    async for kind, text, info in run_turn(prompt, max_tokens, req, top, chat):
+                    async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
                         if kind == "token":
                             if not text and info is None:
                                 continue
@@ -281,14 +286,17 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
                             if include_usage:
                                 yield chunk(None, {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                                                    "total_tokens": len(prompt) + n_out})
-                except ApiError as e:
-                    yield "data: " + json.dumps({"error": {"message": e.message, "type": "server_error",
-                                                           "param": None, "code": e.code}}) + "\n\n"
+                except Exception as e:            # noqa: BLE001 - the stream ends with an error frame
+                    if not isinstance(e, ApiError):
+                        traceback.print_exception(e, file=sys.stderr)
+                    msg = e.message if isinstance(e, ApiError) else f"internal error: {type(e).__name__}"
+                    yield "data: " + json.dumps({"error": {"message": msg, "type": "server_error",
+                                                           "param": None, "code": "internal_error"}}) + "\n\n"
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
 
         text, infos, finish, n_out = "", [], "length", 0
-        async for kind, delta, info in run_turn(prompt, max_tokens, req, top, chat):
+        async for kind, delta, info in run_turn(request, prompt, max_tokens, req, sampler, top):
             text += delta
             if kind == "token" and info is not None:
                 infos.append(info)
@@ -307,26 +315,35 @@ def create_app(engine, tokenizer, model_name: str, template: str | None) -> Fast
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await body(request, CompletionRequest)
-        return await respond(req, encode(req.prompt), chat=False)
+        check_model(req)
+        return await respond(request, req, await tokens_of(prompt=req.prompt), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await body(request, ChatRequest)
-        return await respond(req, chat_prompt(req.messages), chat=True)
+        check_model(req)
+        return await respond(request, req, await tokens_of(messages=req.messages), chat=True)
 
     @app.post("/v1/pins")
     async def pin(request: Request):
         req = await body(request, PinRequest)
         if (req.prompt is None) == (req.messages is None):
             raise ApiError("a pin needs exactly one of prompt and messages", "prompt")
-        toks = chat_prompt(req.messages) if req.messages is not None else encode(req.prompt)
+        toks = await tokens_of(prompt=req.prompt, messages=req.messages)
         limits(toks, 1)
-        n = await asyncio.get_running_loop().run_in_executor(None, engine.pin, req.name, toks)
-        return {"name": req.name, "tokens": n}
+        try:
+            saved = await off_loop(engine_pool, engine.pin, req.name, toks)
+        except BudgetError as e:
+            raise ApiError(str(e), "name", "state_budget_exceeded") from None
+        return {"name": req.name, "tokens": len(saved.fed), "bytes": saved.nbytes}
+
+    @app.get("/v1/pins")
+    async def list_pins():
+        return {"object": "list", **await asyncio.to_thread(engine.pins)}
 
     @app.delete("/v1/pins/{name}")
     async def unpin(name: str):
-        if not engine.unpin(name):
+        if not await asyncio.to_thread(engine.unpin, name):
             raise ApiError(f"no pin {name!r}", "name", "not_found", status=404)
         return {"name": name, "deleted": True}
 

@@ -8,9 +8,14 @@ Terms:
   the longest proper prefix of its prompt (the live state, a recent turn's
   saved snapshot, or a pin) and feeds only the rest. A state's bits do not
   depend on how its rows were fed, so reuse never changes output.
-* **pin**: a named prompt whose state is kept until unpinned.
+* **pin**: a named prompt whose state is kept until unpinned (or dropped
+  when the state budget is full: see store.py).
 A turn cancelled mid-round (a client that went away) leaves the state of its
 last commit, which is what gets saved.
+
+Only the thread that runs turns takes the engine lock for long; pins and
+turn snapshots live in a StateStore with a lock of its own, so listing and
+deleting pins never waits for a turn.
 """
 
 from __future__ import annotations
@@ -18,18 +23,11 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..sampling import Sampler
 from ..speculative.decode import Cancelled, generate_spec
-
-
-@dataclass
-class Saved:
-    fed: tuple
-    snap: object
-    sources: list
+from .store import Saved, StateStore, measure
 
 
 @dataclass
@@ -43,15 +41,15 @@ class Turn:
 
 class Engine:
     def __init__(self, model, tokenizer, sources, gate, snapshots: int = 7, cache_size: int = 16,
-                 eos: set[int] | None = None, name: str = "vkspec"):
+                 eos: set[int] | None = None, name: str = "vkspec", budget_bytes: int = 1 << 30):
         self.model, self.tokenizer, self.sources, self.gate = model, tokenizer, sources, gate
-        self.snapshots, self.cache_size, self.eos, self.name = snapshots, cache_size, eos or set(), name
+        self.snapshots, self.eos, self.name = snapshots, eos or set(), name
         self.lock = threading.Lock()
         self.state = model.new_state()
         self.live: tuple | None = ()                 # fed tokens of the live state (None: unknown)
-        self.cache: OrderedDict[tuple, Saved] = OrderedDict()
-        self.pins: dict[str, Saved] = {}
+        self.store = StateStore(budget_bytes, cache_size)
         self.turns = 0
+        self.cancelled = 0
 
     @property
     def ctx(self) -> int:
@@ -59,7 +57,8 @@ class Engine:
 
     # --- sessions -----------------------------------------------------------------
     def _save(self) -> Saved:
-        return Saved(self.live, self.model.snapshot(self.state), [s.checkpoint() for s in self.sources])
+        snap, cks = self.model.snapshot(self.state), [s.checkpoint() for s in self.sources]
+        return Saved(self.live, snap, cks, measure(snap, cks))
 
     def _load(self, saved: Saved):
         self.model.restore(self.state, saved.snap)
@@ -73,7 +72,7 @@ class Engine:
         p = tuple(prompt)
         best, best_len = None, -1
         cands = [(self.live, None)] if self.live is not None else []
-        cands += [(k, v) for k, v in self.cache.items()] + [(v.fed, v) for v in self.pins.values()]
+        cands += self.store.candidates()
         for fed, saved in cands:
             if (len(fed) <= len(p) if whole else len(fed) < len(p)) and p[:len(fed)] == fed \
                     and len(fed) > best_len:
@@ -83,33 +82,50 @@ class Engine:
             self.live = ()
             return 0
         fed, saved = best
-        if saved is not None and fed != self.live:
-            self._load(saved)
+        if saved is not None:
+            self.store.touch(saved)
+            if fed != self.live:
+                self._load(saved)
         return len(fed)
 
-    def pin(self, name: str, prompt: list[int]) -> int:
-        """Feed a prompt and keep its state under a name."""
+    def pin(self, name: str, prompt: list[int]) -> Saved:
+        """Feed a prompt and keep its state under a name (BudgetError: the
+        state is larger than the whole budget)."""
         with self.lock:
             fed = self._start(prompt, whole=True)
             if fed < len(prompt):
+                # a turn's prefill (generate_spec): the sources begin on this state,
+                # so a pin holds no draft-source rows of the turn before it
+                for s in self.sources:
+                    s.begin(self.model, self.state, prompt, fed)
                 for i in range(fed, len(prompt), self.model.max_rows):
                     rows = prompt[i:i + self.model.max_rows]
                     hidden, _ = self.model.forward(rows, self.state, logits_rows="last")
                     for s in self.sources:
                         s.observe(rows, hidden, i)
+                for s in self.sources:
+                    if hasattr(s, "prefilled"):
+                        s.prefilled()
                 self.live = tuple(prompt)
-            self.pins[name] = self._save()
-            return len(prompt)
+            saved = self._save()
+        self.store.put_pin(name, saved)
+        return saved
 
     def unpin(self, name: str) -> bool:
-        with self.lock:
-            return self.pins.pop(name, None) is not None
+        return self.store.unpin(name)
+
+    def pins(self) -> dict:
+        return self.store.usage()
 
     # --- a turn ---------------------------------------------------------------------
     def run(self, prompt: list[int], max_tokens: int, sampler: Sampler, on_token=None,
             cancelled=None) -> Turn:
         """Generate up to max_tokens after prompt. on_token(tok, logits_row) -> True
         ends the turn (a stop string); cancelled() -> True cancels it."""
+        if cancelled is not None and cancelled():        # its client left while it waited
+            self.cancelled += 1
+            print("[vkspec serve] a turn was cancelled before it started", file=sys.stderr, flush=True)
+            return Turn(cancelled=True)
         with self.lock:
             turn = Turn()
             t0 = time.perf_counter()
@@ -123,14 +139,12 @@ class Engine:
                 turn.finish = "stop" if (res.tokens and res.tokens[-1] in self.eos) else "length"
             except Cancelled as e:
                 turn.tokens, turn.cancelled = list(e.tokens), True
+                self.cancelled += 1
             except BaseException:
                 self.live = None                 # unknown: the next turn starts afresh
                 raise
             self.live = tuple(prompt) + tuple(turn.tokens[:-1])
-            self.cache[self.live] = self._save()
-            self.cache.move_to_end(self.live)
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+            self.store.put_turn(self._save())
             self.turns += 1
             c = turn.counters
             line = c.line(len(turn.tokens)) if c is not None else "cancelled"

@@ -1,5 +1,5 @@
 #version 450
-// Does the device preserve float32 denormals? (vkspec.device.probe_denormals)
+// Does the device preserve float32 denormals? (backends/vulkan/device.py probe_denormals)
 layout(local_size_x = 1) in;
 layout(std430, binding = 0) readonly buffer A { float a[]; };
 layout(std430, binding = 1) writeonly buffer O { float o[]; };

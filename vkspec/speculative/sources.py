@@ -9,7 +9,7 @@ from .forced import ForcedDrafts
 from .gate import Gate
 from .lookup import PromptLookup
 from .mtp import MtpDrafts
-from .vocab import FILE_NAME, DraftVocab
+from .vocab import DraftVocab, counts_location
 
 
 def build(model, cfg: SpecConfig, model_dir=None, forced: str | None = None,
@@ -20,10 +20,9 @@ def build(model, cfg: SpecConfig, model_dir=None, forced: str | None = None,
     if mode in ("lookup", "auto"):
         sources.append(PromptLookup(cfg.spec_lookup_max))
     if mode == "mtp" or (mode == "auto" and model.has_mtp):
-        path = Path(vocab_file) if vocab_file else (Path(model_dir) / FILE_NAME if model_dir else None)
-        if path is not None and model_dir and not Path(model_dir).is_dir():
-            path = None
-        vocab = DraftVocab(model.cfg.vocab_size, cfg.spec_mtp_fr_vocab_size, path)
+        path, start = (Path(vocab_file), None) if vocab_file else \
+            counts_location(model_dir) if model_dir else (None, None)
+        vocab = DraftVocab(model.cfg.vocab_size, cfg.spec_mtp_fr_vocab_size, path, start)
         sources.append(MtpDrafts(model, vocab))
     if forced:
         sources = [ForcedDrafts(s, forced, reference or [], model.cfg.vocab_size) for s in sources]

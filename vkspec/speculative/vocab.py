@@ -8,7 +8,12 @@ request starts and at each halving; a picked token missing from it joins at
 once. Output never depends on it: a verify checks every draft, so a missing
 id can only turn an accepted draft into a rejected one.
 
-Counts persist in a file beside the model (``vocab_usage.bin``):
+Counts persist in the user's cache, keyed by the model's content hash
+(vkspec/cachedir.py: ``~/.cache/vkspec/models/<key>/vocab_usage.bin``), never
+in the model folder. A model may ship starting counts beside its weights
+(the same format and name): a first run reads them, later runs read the
+cache copy; the shipped file is never written. A folder that cannot be
+written costs one warning line and this run's counts, nothing else. Format:
   8 bytes  b"VKSPECVU"   magic
   4 bytes  version (1), vocabulary size, tokens counted since the last halving
   4 bytes  x vocab       float32 counts
@@ -26,6 +31,8 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+
+from ..cachedir import model_cache_dir
 
 MAGIC = b"VKSPECVU"
 HALVE_EVERY = 1024
@@ -56,9 +63,22 @@ def read_counts(path: Path, vocab: int) -> tuple[np.ndarray, int]:
 
 def write_counts(path: Path, counts: np.ndarray, since: int):
     body = MAGIC + struct.pack("<III", 1, counts.size, since) + counts.astype("<f4").tobytes()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
-    os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def counts_location(model) -> tuple[Path | None, Path | None]:
+    """(the cache file, read and written; the counts shipped beside the
+    model, read only) for a model folder or file."""
+    model = Path(model)
+    cache = model_cache_dir(model)
+    shipped = model / FILE_NAME if model.is_dir() else None
+    return (cache / FILE_NAME if cache is not None else None), shipped
 
 
 class DraftVocab:
@@ -66,7 +86,9 @@ class DraftVocab:
     lm_head reads those rows alone, on both backends), so a draft costs less
     the shorter the list."""
 
-    def __init__(self, vocab: int, size: int = 16000, path: Path | None = None):
+    def __init__(self, vocab: int, size: int = 16000, path: Path | None = None, start: Path | None = None):
+        """path: the counts file (read, and written by save); start: counts to
+        begin from while path does not exist yet (read only)."""
         self.vocab, self.size, self.path = vocab, size, path
         self.counts = np.zeros(vocab, np.float32)
         self.since = 0
@@ -74,11 +96,12 @@ class DraftVocab:
         self.conversation: set[int] = set()
         self.appended = self.rebuilds = self.picks = self.picks_inside = 0
         self.sizes: list[int] = []
-        if path is not None and path.exists():
+        source = path if path is not None and path.exists() else start
+        if source is not None and source.exists():
             try:
-                self.counts, self.since = read_counts(path, vocab)
+                self.counts, self.since = read_counts(source, vocab)
             except (OSError, VocabFileError) as e:
-                self.writable = False             # never overwrite what we cannot read
+                self.writable = source != path or path is None    # never overwrite what we cannot read
                 print(f"[vkspec vocab] {e}; starting from zero counts, the file is kept", file=sys.stderr)
         self.ids = np.arange(vocab)
         self.member = np.ones(vocab, bool)
@@ -147,9 +170,16 @@ class DraftVocab:
         return int(self.ids[j]), float(1.0 / np.exp(near - s[j]).sum())
 
     def save(self) -> bool:
+        """Write the counts; a place that cannot be written gets one warning
+        line (the run's output never depends on this file)."""
         if self.path is None or not self.writable:
             return False
-        write_counts(self.path, self.counts, self.since)
+        try:
+            write_counts(self.path, self.counts, self.since)
+        except OSError as e:
+            print(f"[vkspec vocab] warning: the draft-vocabulary counts were not saved to {self.path} "
+                  f"({e.strerror or e})", file=sys.stderr)
+            return False
         return True
 
     def checkpoint(self):

@@ -2,19 +2,24 @@
 
 Every routed row counts (prompt, decode and verify rows, rejected drafts
 included). Counts halve every HALVE_EVERY routed rows of a layer so the
-history follows the text. Saved as JSON beside the model
-(``expert_usage.json``); a file that is not a history, or is one for another
-shape, is an error and is never overwritten.
+history follows the text. Saved as JSON (``expert_usage.json``). By default
+(``--tier-history`` without a path) it lives in the user's cache, keyed by
+the model's content hash (vkspec/cachedir.py), never in the model folder: a
+history shipped beside the model is where a first run starts, read only. A
+file that is not a history, or is one for another shape, is an error and is
+never overwritten; a place that cannot be written costs one warning line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from ..cachedir import model_cache_dir
 from ..errors import VkspecError
 
 FORMAT = "vkspec-expert-usage"
@@ -35,13 +40,26 @@ class History:
         if self.rows[layer] % HALVE_EVERY == 0:
             self.counts[layer] *= 0.5
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path) -> bool:
         data = {"format": FORMAT, "version": 1, "layers": int(self.counts.shape[0]),
                 "experts": int(self.counts.shape[1]), "rows": self.rows.tolist(),
                 "counts": self.counts.tolist()}
-        tmp = Path(path).with_suffix(".tmp")
-        tmp.write_text(json.dumps(data) + "\n")
-        os.replace(tmp, path)
+        path = Path(path)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data) + "\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            print(f"[vkspec tier] warning: the expert-usage history was not saved to {path} "
+                  f"({e.strerror or e})", file=sys.stderr)
+            return False
+        finally:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        return True
 
     @classmethod
     def load(cls, path: Path, layers: int, experts: int) -> "History":
@@ -64,3 +82,15 @@ class History:
             raise VkspecError(f"{path}: damaged expert-usage history (shapes or negative counts)")
         h.counts, h.rows = counts, rows
         return h
+
+
+def default_paths(model) -> tuple[str | None, str | None]:
+    """(the history to start from, where to save it) for ``--tier-history``
+    without a path: the cache copy once there is one, else the history
+    shipped beside the model (read only); saved to the cache copy."""
+    cache = model_cache_dir(model)
+    saved = cache / FILE_NAME if cache is not None else None
+    shipped = Path(model) / FILE_NAME
+    if saved is not None and saved.exists():
+        return str(saved), str(saved)
+    return (str(shipped) if shipped.is_file() else None), (str(saved) if saved is not None else None)

@@ -1,0 +1,144 @@
+"""Request bodies: strict JSON, then the OpenAI request shapes with vkspec's
+limits. Whatever is wrong becomes an ApiError (a 4xx with one line); nothing
+a client sends may reach the tokenizer or the sampler unchecked."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SEED_MAX = 2 ** 63 - 1          # seeds are 0..2**63-1 (what secrets.randbits(63) draws)
+MAX_STOPS = 4
+MAX_STOP_BYTES = 256            # UTF-8 bytes of one stop string
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status = message, param, code, status
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(raw: bytes):
+    """Strict JSON (no NaN or Infinity literals) whose strings are all valid
+    Unicode: a lone surrogate ("\\ud800") would fail later, in the tokenizer or
+    in the JSON of the answer."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError("the body is not valid JSON (nested too deeply)") from None
+    except ValueError as e:             # JSONDecodeError, UnicodeDecodeError, too many digits, NaN
+        raise ApiError(f"the body is not valid JSON ({e})") from None
+    stack = [(data, "")]
+    while stack:                        # no recursion: the depth is the client's
+        v, where = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                _check_text(k, where or "body")
+                stack.append((x, f"{where}.{k}" if where else k))
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}.{i}") for i, x in enumerate(v))
+        elif isinstance(v, str):
+            _check_text(v, where)
+    return data
+
+
+def _check_text(s: str, where: str):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(f"{where}: a lone surrogate is not text", where or None) from None
+
+
+def validation_message(e: ValidationError):
+    err = e.errors()[0]
+    param = ".".join(str(x) for x in err["loc"]) or None
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {param!r}", param
+    return f"{param}: {err['msg']}", param
+
+
+def validate(data, cls):
+    if not isinstance(data, dict):
+        raise ApiError("the body must be a JSON object")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        msg, param = validation_message(e)
+        raise ApiError(msg, param) from None
+
+
+class Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    stream_options: dict | None = None
+    n: int = 1
+    user: str | None = None
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n):
+        if n != 1:
+            raise ValueError("only n = 1 is served")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop):
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+        for s in stops:
+            if len(s.encode("utf-8")) > MAX_STOP_BYTES:
+                raise ValueError(f"a stop string is at most {MAX_STOP_BYTES} bytes of UTF-8")
+        return stop
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(Common):
+    prompt: Union[str, list[int]]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: Literal[False] = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+
+class ChatRequest(Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    prompt: Union[str, list[int], None] = None
+    messages: list[Message] | None = None
