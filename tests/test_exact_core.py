@@ -1,5 +1,9 @@
 """Every core function and GEMV: the device equals NumPy byte for byte."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -180,8 +184,9 @@ def test_compiled_gemv_is_the_numpy_definition(shape):
 def test_compiled_gemv_has_no_fused_multiply_add():
     asm = cpu_jit.machine_code()
     assert "mulps" in asm or "mulss" in asm
-    assert all(f"vkspec_dot{r}:" in asm for r in (1, 2, 3))   # the IR kernels are read too
-    assert "vfmadd" not in asm and "vfmsub" not in asm and "vfnmadd" not in asm
+    assert all(f"vkspec_dot{r}:" in asm for r in range(1, 9))   # the IR kernels are read too
+    for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
+        assert family not in asm, family
 
 
 @pytest.mark.parametrize("batch,rows,n,k", [(1, 1, 1, 1), (9, 140, 1, 64), (9, 64, 1, 300), (4, 33, 3, 129)])
@@ -312,18 +317,56 @@ def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeyp
         bits_equal(a, b)
 
 
-def test_cached_kernels_are_dropped_when_the_dot_ir_changes(tmp_path):
-    """numba keys a cached function on its own file only, so cpu_jit_dot
-    stamps the IR its callers were compiled against."""
-    from vkspec.backends.cpu import jit_dot as cpu_jit_dot
-    cached = [tmp_path / "jit._gemv-60.py311.nbi", tmp_path / "jit_math._expert_mlps-278.py311.1.nbc"]
-    other = tmp_path / "model.cpython-311.pyc"
-    for f in cached + [other, tmp_path / "jit_dot.0123456789abcdef.ir"]:
-        f.touch()
-    cpu_jit_dot.clear_stale_cache(tmp_path)                 # an old stamp: the callers' code goes
-    assert not any(f.exists() for f in cached) and other.exists()
-    assert [f.name for f in tmp_path.glob("*.ir")] == [f"jit_dot.{cpu_jit_dot.ir_digest()}.ir"]
-    for f in cached:
-        f.touch()
-    cpu_jit_dot.clear_stale_cache(tmp_path)                 # the same IR: nothing goes
-    assert all(f.exists() for f in cached)
+ISA_CHECK = """
+import json, sys
+import numpy as np
+from vkspec import exact
+from vkspec.backends.cpu import jit, jit_blocks, jit_dot
+from vkspec.formats.samples import random_weight
+rng = np.random.default_rng(0)
+bad = []
+for k in (4, 124, 128, 132, 576, 1000):
+    w = rng.standard_normal((37, k)).astype(np.float32)
+    x = rng.standard_normal((12, k)).astype(np.float32)
+    for n in range(1, 13):
+        if jit.gemv(w, x[:n]).tobytes() != exact.gemv(w, x[:n]).tobytes():
+            bad.append(("f32", k, n))
+for fmt in ("q4_k", "int8"):
+    w = random_weight(fmt, 40, 512, rng)
+    x = rng.standard_normal((9, 512)).astype(np.float32)
+    from vkspec.formats.matrix import dequantize
+    for n in (1, 5, 9):
+        if jit_blocks.gemv(w, x[:n]).tobytes() != exact.gemv(dequantize(w), x[:n]).tobytes():
+            bad.append((fmt, n))
+asm = jit.machine_code()
+print(json.dumps({"isa": jit_dot.ISA, "bad": bad, "asm": asm}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "plain"])
+def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
+    """VKSPEC_CPU_ISA forces the dot kernels' vector width and lane passes
+    (jit_ir.ISAS); each gives exact.gemv's bits for 1..12 rows and any width,
+    and its machine code has no fused multiply-add of any family. (The IR runs
+    on any x86-64: a wider vector than the host has is split by LLVM.)"""
+    import json
+    env = dict(os.environ, VKSPEC_CPU_ISA=isa, NUMBA_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", ISA_CHECK], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["isa"] == isa and got["bad"] == []
+    asm = got["asm"]
+    assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
+    for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
+        assert family not in asm, family
+
+
+def test_the_kernel_cache_is_named_after_the_dot_ir():
+    """numba keys a cached function on its own file only: kernels linked
+    against another IR (another ISA, or a changed generator) live in another
+    folder and are never loaded."""
+    from vkspec.backends.cpu import jit_ir
+    digests = {isa: jit_ir.ir_digest(isa) for isa in jit_ir.ISAS}
+    assert len(set(digests.values())) == len(digests)
+    if "NUMBA_CACHE_DIR" not in os.environ or "/vkspec/numba/" in os.environ["NUMBA_CACHE_DIR"]:
+        assert os.environ["NUMBA_CACHE_DIR"].endswith(f"{jit_ir.ISA}-{digests[jit_ir.ISA]}")

@@ -4,7 +4,7 @@ Why a compiled twin at all: NumPy's elementwise loops move every product
 through memory, so an extra row of a verify block cost ~0.55 of a whole step
 on the CPU path and speculation could never pay there. Here each weight row is
 read once from memory and reused from L1 by every row of the block, and the
-dot itself is cpu_jit_dot's register-resident kernel, three rows at a time.
+dot itself is jit_dot's register-resident kernel, up to eight rows at a time.
 
 Why it is still exact: numba compiles without fast-math, so LLVM neither
 reassociates the lane sums nor fuses a multiply with an add (no contraction
@@ -24,7 +24,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit_dot
-from .jit_dot import dot, dot2, dot3
+from .jit_dot import MAX_ROWS, dot_rows
 
 BLOCK = 32                  # weight rows per parallel work item
 
@@ -59,24 +59,22 @@ def _finish(acc, s, used):
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _gemv(w, x, out):
-    """out[i, r, m] = dot(x[i, r], w[i, m]) over x's width, for a batch of matrices."""
+    """out[i, r, m] = dot(x[i, r], w[i, m]) over x's width, for a batch of
+    matrices; up to MAX_ROWS rows share each weight load (jit_dot.dot_rows)."""
     batch, rows, n = w.shape[0], w.shape[1], x.shape[1]
     blocks = (rows + BLOCK - 1) // BLOCK
-    threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
     for ib in prange(batch * blocks):
         i, b = ib // blocks, ib % blocks
         xi = x[i]
+        got = np.empty(MAX_ROWS, np.float32)
         for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
-            wm = w[i, m]
             r = 0
-            while r < 3 * threes:
-                out[i, r, m], out[i, r + 1, m], out[i, r + 2, m] = dot3(wm, xi[r], xi[r + 1], xi[r + 2])
-                r += 3
-            while r + 2 <= n:
-                out[i, r, m], out[i, r + 1, m] = dot2(wm, xi[r], xi[r + 1])
-                r += 2
-            if r < n:
-                out[i, r, m] = dot(wm, xi[r])
+            while r < n:
+                c = min(MAX_ROWS, n - r)
+                dot_rows(w[i, m], xi, r, c, got)
+                for j in range(c):
+                    out[i, r + j, m] = got[j]
+                r += c
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
@@ -153,5 +151,9 @@ def machine_code() -> str:
     rows_ = njit(**opts)(_weighted_rows.py_func)
     rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
           np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
+    from . import jit_blocks
+    blocks_ = njit(**opts)(jit_blocks._gemv.py_func)      # every format's decoder is inlined in it
+    blocks_(3, np.zeros((BLOCK, 144), np.uint8), np.zeros((BLOCK, 1), np.float32),
+            np.zeros((2, 256), np.float32), np.empty((2, BLOCK), np.float32))
     return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values())
-                     + [jit_dot.machine_code()])
+                     + list(blocks_.inspect_asm().values()) + [jit_dot.machine_code()])

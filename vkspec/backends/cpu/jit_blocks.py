@@ -21,7 +21,7 @@ from numba import njit, prange
 from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
-from .jit_dot import dot, dot2, dot3
+from .jit_dot import MAX_ROWS, dot_rows
 
 F = np.float32
 CODES = {name: i for i, name in enumerate(
@@ -103,10 +103,87 @@ def decode_row(code, row, scales, cols, out):
     elif code == 5:                                             # fp8 e4m3 * block scale
         for j in range(cols):
             out[j] = FP8_E4M3[_b(row, j)] * scales[j >> 7]
+    elif code == 7:
+        _q4_1(row, cols, out)
+    elif code == 6:
+        _q4_0(row, cols, out)
+    elif code == 10:
+        _q8_0(row, cols, out)
     elif code <= 10:
         _decode_32(code, row, cols, out)
+    elif code == 13:
+        _q4_k(row, cols, out)
+    elif code == 15:
+        _q6_k(row, cols, out)
     else:
         _decode_256(code, row, cols, out)
+
+
+# The formats most files use, each a plain loop the compiler vectorises: the
+# same formulas as _decode_32 / _decode_256 (tests/test_formats.py holds both
+# to the definition).
+
+@njit(**_JIT)
+def _q4_0(row, cols, out):
+    for b in range(cols // 32):
+        o, y = b * 18, b * 32
+        d = _f16(row, o)
+        for j in range(16):
+            q = row[o + 2 + j]
+            out[y + j] = d * F(np.int32(q & np.uint8(15)) - np.int32(8))
+            out[y + 16 + j] = d * F(np.int32(q >> np.uint8(4)) - np.int32(8))
+
+
+@njit(**_JIT)
+def _q4_1(row, cols, out):
+    for b in range(cols // 32):
+        o, y = b * 20, b * 32
+        d, m = _f16(row, o), _f16(row, o + 2)
+        for j in range(16):
+            q = row[o + 4 + j]
+            out[y + j] = d * F(q & np.uint8(15)) + m
+            out[y + 16 + j] = d * F(q >> np.uint8(4)) + m
+
+
+@njit(**_JIT)
+def _q8_0(row, cols, out):
+    for b in range(cols // 32):
+        o, y = b * 34, b * 32
+        d = _f16(row, o)
+        for j in range(32):
+            out[y + j] = F(np.int8(row[o + 2 + j])) * d
+
+
+@njit(**_JIT)
+def _q4_k(row, cols, out):
+    for b in range(cols // 256):
+        o, y = b * 144, b * 256
+        d, dmin = _f16(row, o), _f16(row, o + 2)
+        for pair in range(8):
+            sc, mn = _k4(row, o + 4, pair)
+            dl, ml = d * F(sc), dmin * F(mn)
+            base = o + 16 + 32 * (pair // 2)
+            shift = np.uint8(4 * (pair % 2))
+            for l in range(32):
+                out[y + 32 * pair + l] = dl * F((row[base + l] >> shift) & np.uint8(15)) - ml
+
+
+@njit(**_JIT)
+def _q6_k(row, cols, out):
+    for b in range(cols // 256):
+        o, y = b * 210, b * 256
+        d = _f16(row, o + 208)
+        for half in range(2):
+            for k in range(4):
+                lo_at = o + 64 * half + 32 * (k % 2)
+                hi_at = o + 128 + 32 * half
+                lo_shift, hi_shift = np.uint8(4 * (k // 2)), np.uint8(2 * k)
+                for g in range(2):                              # 16 values per scale
+                    dl = d * F(np.int8(row[o + 192 + 8 * half + 2 * k + g]))
+                    for l in range(16 * g, 16 * g + 16):
+                        q = (((row[lo_at + l] >> lo_shift) & np.uint8(15))
+                             | (((row[hi_at + l] >> hi_shift) & np.uint8(3)) << np.uint8(4)))
+                        out[y + 128 * half + 32 * k + l] = dl * F(np.int32(q) - np.int32(32))
 
 
 @njit(**_JIT)
@@ -188,23 +265,22 @@ def _decode_256(code, row, cols, out):
 
 @njit(parallel=True, **_JIT)
 def _gemv(code, data, scales, x, out):
-    """out[r, m] = dot(x[r], row m's values) for every stored row m."""
+    """out[r, m] = dot(x[r], row m's values) for every stored row m; up to
+    MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows)."""
     rows, n, cols = data.shape[0], x.shape[0], x.shape[1]
     blocks = (rows + BLOCK - 1) // BLOCK
-    threes = n // 3 - (1 if n % 3 == 1 and n > 3 else 0)   # 4 = 2 + 2, not 3 + 1
     for b in prange(blocks):
         buf = np.empty(cols, F)
+        got = np.empty(MAX_ROWS, F)
         for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
             decode_row(code, data[m], scales[m], cols, buf)
             r = 0
-            while r < 3 * threes:
-                out[r, m], out[r + 1, m], out[r + 2, m] = dot3(buf, x[r], x[r + 1], x[r + 2])
-                r += 3
-            while r + 2 <= n:
-                out[r, m], out[r + 1, m] = dot2(buf, x[r], x[r + 1])
-                r += 2
-            if r < n:
-                out[r, m] = dot(buf, x[r])
+            while r < n:
+                c = min(MAX_ROWS, n - r)
+                dot_rows(buf, x, r, c, got)
+                for j in range(c):
+                    out[r + j, m] = got[j]
+                r += c
 
 
 def scales_2d(w) -> np.ndarray:

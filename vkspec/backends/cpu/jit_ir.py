@@ -1,0 +1,138 @@
+"""The canonical dot product's LLVM IR, generated for an ISA (see jit_dot.py
+for what it computes and why it is exact). No numba here: backends/cpu/
+__init__.py names numba's cache folder after this IR's digest before numba is
+imported."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import llvmlite.binding as llvm
+
+MAX_ROWS = 8
+# floats per vector register, and vector registers the accumulators may take
+ISAS = {"avx512": (16, 24), "avx2": (8, 10), "plain": (4, 10)}
+FIN = 16                    # the finish reads the parked lanes 16 at a time
+
+
+def host_isa() -> str:
+    forced = os.environ.get("VKSPEC_CPU_ISA")
+    if forced:
+        if forced not in ISAS:
+            raise ValueError(f"VKSPEC_CPU_ISA={forced!r}: one of {', '.join(ISAS)}")
+        return forced
+    f = llvm.get_host_cpu_features()
+    return "avx512" if f.get("avx512f") else "avx2" if f.get("avx2") else "plain"
+
+
+ISA = host_isa()
+
+
+def passes(rows: int, isa: str = ISA) -> int:
+    """Lane passes for `rows` rows: the fewest that fit the register budget."""
+    width, budget = ISAS[isa]
+    p = 1
+    while p < 128 // width and rows * (128 // p // width) > budget:
+        p *= 2
+    return p
+
+
+def _consts(values, ty="i32") -> str:
+    return "<" + ", ".join(f"{ty} {v}" for v in values) + ">"
+
+
+def _ir(rows: int, isa: str = ISA) -> str:
+    """define void @vkspec_dot<rows>(ptr w, ptr x, i64 x_stride, ptr out, i64 k):
+    out[r] = dot(x[r*x_stride:][:k], w[:k]) in the canonical order, r < rows."""
+    V, _ = ISAS[isa]
+    P = passes(rows, isa)
+    S = 128 // P // V                       # vector slots per pass
+    T = f"<{V} x float>"
+    R = range(rows)
+    L = [f"define void @vkspec_dot{rows}(ptr %w, ptr %x, i64 %xs, ptr %out, i64 %k) {{", "entry:",
+         f"  %buf = alloca [{rows * 128} x float], align 64",
+         "  %full = lshr i64 %k, 7", "  %tbase = shl i64 %full, 7", "  %rest = sub i64 %k, %tbase",
+         f"  %r1 = insertelement <{V} x i64> poison, i64 %rest, i64 0",
+         f"  %rs = shufflevector <{V} x i64> %r1, <{V} x i64> poison, <{V} x i32> zeroinitializer"]
+    for r in R:
+        L += [f"  %xo{r} = mul i64 %xs, {r}", f"  %x{r} = getelementptr float, ptr %x, i64 %xo{r}"]
+    L.append("  br label %loop0")
+
+    def fma_free(tag, g, base, load):
+        """slot g (columns V*g..) of the step at `base`: acc + x_r * w, w loaded once."""
+        out = [f"  %o{tag} = add i64 {base}, {V * g}",
+               f"  %wp{tag} = getelementptr float, ptr %w, i64 %o{tag}", f"  %w{tag} = {load(f'%wp{tag}')}"]
+        for r in R:
+            out += [f"  %xp{tag}.{r} = getelementptr float, ptr %x{r}, i64 %o{tag}",
+                    f"  %xv{tag}.{r} = {load(f'%xp{tag}.{r}')}",
+                    f"  %p{tag}.{r} = fmul {T} %xv{tag}.{r}, %w{tag}"]
+        return out
+
+    for p in range(P):
+        prev, slots = ("entry" if p == 0 else f"park{p - 1}"), [p * S + s for s in range(S)]
+        L += [f"loop{p}:", f"  %c{p} = phi i64 [0, %{prev}], [%cn{p}, %step{p}]"]
+        L += [f"  %a{r}.{g} = phi {T} [zeroinitializer, %{prev}], [%n{r}.{g}, %step{p}]" for r in R for g in slots]
+        L += [f"  %done{p} = icmp eq i64 %c{p}, %full", f"  br i1 %done{p}, label %tail{slots[0]}, label %step{p}",
+              f"step{p}:", f"  %base{p} = shl i64 %c{p}, 7"]
+        for g in slots:
+            L += fma_free(f"s{g}", g, f"%base{p}", lambda ptr: f"load {T}, ptr {ptr}, align 4")
+            L += [f"  %n{r}.{g} = fadd {T} %a{r}.{g}, %ps{g}.{r}" for r in R]
+        L += [f"  %cn{p} = add i64 %c{p}, 1", f"  br label %loop{p}"]
+        # the last, partial step: a slot with no column left is skipped (its
+        # padding would only add +0), one with some is loaded under a mask
+        for i, g in enumerate(slots):
+            nxt = f"tail{slots[i + 1]}" if i + 1 < len(slots) else f"park{p}"
+            masked = (lambda ptr, g=g: f"call {T} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, "  # noqa: E731
+                      f"<{V} x i1> %m{g}, {T} zeroinitializer)")
+            L += [f"tail{g}:", f"  %live{g} = icmp ugt i64 %rest, {V * g}",
+                  f"  br i1 %live{g}, label %do{g}, label %join{g}", f"do{g}:",
+                  f"  %m{g} = icmp ult <{V} x i64> {_consts(range(V * g, V * g + V), 'i64')}, %rs"]
+            L += fma_free(f"t{g}", g, "%tbase", masked)
+            L += [f"  %t{r}.{g} = fadd {T} %a{r}.{g}, %pt{g}.{r}" for r in R]
+            L += [f"  br label %join{g}", f"join{g}:"]
+            L += [f"  %g{r}.{g} = phi {T} [%a{r}.{g}, %tail{g}], [%t{r}.{g}, %do{g}]" for r in R]
+            L += [f"  br label %{nxt}"]
+        L.append(f"park{p}:")
+        for r in R:
+            for g in slots:
+                L += [f"  %bp{r}.{g} = getelementptr float, ptr %buf, i64 {r * 128 + V * g}",
+                      f"  store {T} %g{r}.{g}, ptr %bp{r}.{g}, align 4"]
+        L.append(f"  br label %{'loop' + str(p + 1) if p + 1 < P else 'finish'}")
+    L.append("finish:")
+    F = f"<{FIN} x float>"
+    even, odd = _consts(range(0, 2 * FIN, 2)), _consts(range(1, 2 * FIN, 2))
+    for r in R:
+        cur = []
+        for j in range(128 // FIN):
+            L += [f"  %fp{r}.{j} = getelementptr float, ptr %buf, i64 {r * 128 + FIN * j}",
+                  f"  %f{r}.{j} = load {F}, ptr %fp{r}.{j}, align 4"]
+            cur.append(f"%f{r}.{j}")
+        for level in range(2):          # a[2i] + a[2i+1], twice: 128 -> 64 -> 32
+            nxt = []
+            for j in range(len(cur) // 2):
+                e, o, q = (f"%{t}{r}.{level}.{j}" for t in "eoq")
+                L += [f"  {e} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {even}",
+                      f"  {o} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {odd}",
+                      f"  {q} = fadd {F} {e}, {o}"]
+                nxt.append(q)
+            cur = nxt
+        L.append(f"  %s{r}.{FIN} = fadd {F} {cur[0]}, {cur[1]}")   # s[i] + s[i + 16]
+        width = FIN
+        while width > 1:
+            h = width // 2
+            src = f"<{width} x float> %s{r}.{width}, <{width} x float> poison"
+            L += [f"  %lo{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h))}",
+                  f"  %hi{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h, width))}",
+                  f"  %s{r}.{h} = fadd <{h} x float> %lo{r}.{h}, %hi{r}.{h}"]
+            width = h
+        L += [f"  %v{r} = extractelement <1 x float> %s{r}.1, i64 0",
+              f"  %op{r} = getelementptr float, ptr %out, i64 {r}",
+              f"  store float %v{r}, ptr %op{r}, align 4"]
+    L += ["  ret void", "}", f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {T})"]
+    return "\n".join(L)
+
+
+
+def ir_digest(isa: str = ISA) -> str:
+    return hashlib.sha1("".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)).encode()).hexdigest()[:16]
