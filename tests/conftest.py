@@ -58,3 +58,16 @@ def require(module: str):
         if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
             pytest.fail(f"test dependency {module} is missing: {e}", pytrace=False)
         pytest.skip(f"{module} not installed", allow_module_level=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels(tmp_path_factory):
+    """Compile the CPU path's kernels once, before any test times out on it:
+    they land in numba's disk cache (backends/cpu/__init__.py), which every
+    vkspec process of the session (the CLI and server tests run subprocesses)
+    then loads instead of compiling again."""
+    from vkspec.loader import load_model
+    from vkspec.tiny import make_tiny
+    d = make_tiny(tmp_path_factory.mktemp("warm"), seed=0, mtp=True, experts=4)
+    for fmt in ("f32", "int8"):
+        load_model(d, fmt=fmt).warm()

@@ -278,9 +278,10 @@ def test_cli_vulkan_and_cpu_print_the_same_digest(vk, tiny_dir):
             out[backend, spec] = json.loads(res.stdout)
     assert len({r["digest"] for r in out.values()}) == 1
     assert len({tuple(r["tokens"]) for r in out.values()}) == 1
-    # a speculative device run records its step shapes before it is timed
-    assert out["vulkan", "auto"]["warm_s"] > 0
-    assert out["cpu", "auto"]["warm_s"] == out["vulkan", "off"]["warm_s"] == 0
+    # a device run records its step shapes before it is timed, a speculative
+    # one every row count (and so takes longer); the CPU prepares its kernels
+    assert out["vulkan", "auto"]["warm_s"] > out["vulkan", "off"]["warm_s"] > 0
+    assert out["cpu", "auto"]["warm_s"] >= 0
 
 
 def test_cli_device_budget_is_one_line(vk, tiny_dir):

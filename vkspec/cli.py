@@ -54,14 +54,15 @@ def _run(args) -> int:
         tok = _tokenizer_for_run(args)             # for the text of the output only
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    warm_s = 0.0
-    if cfg.spec_mode != "off":
-        # a speculative run meets many step shapes (1..8 rows, trunk and
-        # head); recorded lazily, Lavapipe's pipeline builds (~0.15 s each)
-        # would land inside the decode time and the gate's first T(n)
-        t0, recorded = time.perf_counter(), model.recordings
-        model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots, listed_size(model, cfg))
-        warm_s = time.perf_counter() - t0 if model.recordings > recorded else 0.0
+    # compiled kernels and device pipelines are prepared before the clock
+    # starts: built lazily, a compile or a pipeline build (Lavapipe: ~0.15 s
+    # per shape) would land inside the time to first token, the decode time
+    # and the gate's T(n)
+    spec = cfg.spec_mode != "off"
+    t0 = time.perf_counter()
+    model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots if spec else 0,
+               listed_size(model, cfg) if spec else 0, prompt=len(prompt))
+    warm_s = time.perf_counter() - t0
     import signal
 
     def on_term(signum, frame):                  # the counts are saved on the way out
@@ -78,7 +79,7 @@ def _run(args) -> int:
     text = tok.decode(res.tokens) if tok else ""
     c = res.counters
     print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | "
-          + (f"recording device shapes {warm_s:.2f} s | " if warm_s else "")
+          + f"warm-up {warm_s:.2f} s | "
           + f"prefill {res.prefill_s:.3f} s | decode {res.decode_tok_s:.1f} tok/s", file=sys.stderr)
     stats = c.as_dict(gate, sources)
     if tier is not None:

@@ -111,7 +111,9 @@ class Model(Protocol):
     def restore(self, st: State, snap: HostState) -> None:
         """Make ``state`` hold a snapshot's contents."""
 
-    def warm(self, length: int = 0, copies: int = 0, listed: int = 0) -> None:
-        """Prepare every step shape a run up to ``length`` tokens with ``copies``
-        copy slots and a draft vocabulary of about ``listed`` ids will meet, so
-        that no later forward pays for it (a device records its sequences)."""
+    def warm(self, length: int = 0, copies: int = 0, listed: int = 0, prompt: int = 0) -> None:
+        """Prepare everything a run will meet, so that no later forward pays
+        for it: a prompt of ``prompt`` tokens, then decoding up to ``length``
+        tokens with ``copies`` copy slots and a draft vocabulary of about
+        ``listed`` ids (a device records its sequences; the CPU compiles or
+        loads its kernels)."""

@@ -42,8 +42,14 @@ class CpuModel:
     def has_mtp(self) -> bool:
         return self.w.mtp is not None
 
-    def warm(self, length: int = 0, copies: int = 0, listed: int = 0) -> None:
-        """Nothing to prepare: the compiled kernels are loaded at import."""
+    def warm(self, length: int = 0, copies: int = 0, listed: int = 0, prompt: int = 0) -> None:
+        """Compile (or load from numba's cache on disk) every kernel this
+        model's forward passes use, by running one small block on a state of
+        its own: no timed forward pays for a compile."""
+        st = self.new_state()
+        hidden, _ = self.forward([0, 1], st, copies=1)
+        if self.has_mtp:
+            self.mtp_forward(hidden[-1:], [1], st, [2])
 
     # state
     def new_state(self) -> HostState:

@@ -36,6 +36,10 @@ class VulkanModel:
         from ...tier.resident import ExpertTier
         self.cfg = cfg
         self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
+        from ...shaders.limits import check
+        problems = check(cfg)
+        if problems:
+            raise VkspecError(f"{cfg.source}: {problems[0]}; run it with --backend cpu")
         self.layout = Layout(cfg, w, self.ctx)
         self.tier = ExpertTier(self.layout, tier) if tier is not None else None
         self.plan = self.planned_from(self.layout, self.tier)
@@ -88,20 +92,25 @@ class VulkanModel:
             b *= 2
         return min(b, self.ctx)
 
-    def warm(self, length: int = 0, copies: int = 0, listed: int = 0):
-        """Record the decoding shapes (1..MAX_ROWS rows, trunk and MTP head) for
-        every context bucket up to ``length`` tokens (default: the first) now:
-        a driver that compiles pipelines at creation (Lavapipe: ~0.15 s per
-        row count) then does not do it in the middle of a benchmark. The
-        recurrent state first gets the regions for ``copies`` copy slots:
-        growing them later records every shape again. ``listed``: the head
-        will score a draft vocabulary of about that many ids (its device
-        length and the next are recorded too)."""
+    def warm(self, length: int = 0, copies: int = 0, listed: int = 0, prompt: int = 0):
+        """Record now the step shapes a run will meet, so that no forward pays
+        for a pipeline build (Lavapipe compiles one at creation, ~0.15 s per
+        row count): a prompt of ``prompt`` tokens fed in blocks, then decoding
+        up to ``length`` tokens in every context bucket on the way: one row a
+        step for plain decoding, 1..MAX_ROWS rows (trunk and MTP head) when
+        drafts may come (``copies`` copy slots or a ``listed`` draft
+        vocabulary). The recurrent state first gets the regions for ``copies``
+        copy slots: growing them later records every shape again. ``listed``:
+        the head will score a draft vocabulary of about that many ids (its
+        device length and the next are recorded too)."""
         if self.regions < copies + 2:
             if self.states.current is None:
                 self.new_state()
             self._grow(copies + 2)
-        buckets = [self._bucket(1)]
+        for i in range(0, prompt, MAX_ROWS):
+            n = min(MAX_ROWS, prompt - i)
+            self._sequence("main", n, self._bucket(i + n), n > 1)
+        buckets = [self._bucket(max(prompt, 1))]
         while buckets[-1] < min(length, self.ctx):
             buckets.append(self._bucket(buckets[-1] + 1))
         widths = [0]                             # 0: the whole vocabulary
@@ -109,10 +118,11 @@ class VulkanModel:
             step, V = self.listed_step, self.cfg.vocab_size
             first = -(-listed // step) * step
             widths += sorted({min(V, first), min(V, first + step)})
+        drafts = copies > 0 or listed > 0
         for bucket in buckets:
-            for n in range(1, MAX_ROWS + 1):
+            for n in range(1, (MAX_ROWS if drafts else 1) + 1):
                 self._sequence("main", n, bucket, False)
-                if self.has_mtp:
+                if self.has_mtp and drafts:
                     for w in widths:
                         self._sequence("mtp", n, bucket, n > 1, w)
 
