@@ -50,12 +50,12 @@ PROMPTS = {
 def encode_prompt(model_dir, prompt) -> list[int]:
     """The prompt as the model's chat template frames it (plain text without
     one), followed by the start of the answer."""
-    from .gguf_file import GgufFile, is_gguf
+    from .gguf_file import is_gguf, open_gguf
     from .serve.text import chat_template, render_chat
     from .tokenizer import load_tokenizer
     user, answer = prompt
     tok = load_tokenizer(model_dir)
-    template = GgufFile(model_dir).chat_template() if is_gguf(model_dir) else chat_template(model_dir)
+    template = open_gguf(model_dir).chat_template() if is_gguf(model_dir) else chat_template(model_dir)
     text = render_chat(template, [{"role": "user", "content": user}]) if template else user + "\n"
     return tok.encode(text) + (tok.encode(answer) if answer else [])
 

@@ -85,6 +85,13 @@ class Checkpoint:
     def file_bytes(self) -> int:
         return sum(f.path.stat().st_size for f in set(self.where.values()))
 
+    def drop_pages(self):
+        """See GgufFile.drop_pages."""
+        import mmap
+        for f in set(self.where.values()):
+            if f._mm is not None:
+                f._mm._mmap.madvise(mmap.MADV_DONTNEED)
+
     def _info(self, name: str, shape):
         if name not in self.where:
             raise VkspecError(f"{self.dir}: missing tensor {name}")

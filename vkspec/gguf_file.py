@@ -37,6 +37,20 @@ def is_gguf(path) -> bool:
     return p.is_file() and p.suffix == ".gguf"
 
 
+_OPEN: dict = {}
+
+
+def open_gguf(path) -> "GgufFile":
+    """The file's metadata is read once per process: the model, its tokenizer
+    and its chat template all come from this one GgufFile."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (p, st.st_size, st.st_mtime_ns)
+    if key not in _OPEN:
+        _OPEN[key] = GgufFile(p)
+    return _OPEN[key]
+
+
 class GgufFile:
     def __init__(self, path):
         self.path = Path(path)
@@ -53,6 +67,13 @@ class GgufFile:
 
     def file_bytes(self) -> int:
         return self.g.file_size
+
+    def drop_pages(self):
+        """Let the process's mapped pages of the file go (they stay in the OS's
+        page cache; a later read maps them again): after a device upload the
+        weights live on the device only."""
+        import mmap
+        self.g._map.madvise(mmap.MADV_DONTNEED)
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:

@@ -139,12 +139,12 @@ def open_checkpoint(model_dir, fmt: str = "f32"):
     """(config, checkpoint) of a checkpoint directory or a .gguf file; the
     metadata is read once."""
     from .config import from_dict, load_config
-    from .gguf_file import GgufFile, is_gguf
+    from .gguf_file import is_gguf, open_gguf
     if is_gguf(model_dir):
         if fmt != "f32":
             raise VkspecError(f"{model_dir}: a GGUF runs in its own blocks; --dtype {fmt} would "
                               "re-quantise it")
-        ckpt = GgufFile(model_dir)
+        ckpt = open_gguf(model_dir)
         return from_dict(ckpt.config_dict(), str(model_dir)), ckpt
     return load_config(model_dir), Checkpoint(model_dir)
 
@@ -158,13 +158,20 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
     cfg, ckpt = open_checkpoint(model_dir, fmt)
+    if backend == "vulkan":
+        from .shaders.limits import check
+        problems = check(cfg)
+        if problems:                     # before a weight is read
+            raise VkspecError(f"{model_dir}: {problems[0]}; run it with --backend cpu")
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
         raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
     weights = Loader(cfg, ckpt, fmt).load(want_mtp)
     if backend == "vulkan":
         from .backends.vulkan.model import VulkanModel
-        return VulkanModel(cfg, weights, ctx, budget_gb=device_gb, tier=tier)
+        model = VulkanModel(cfg, weights, ctx, budget_gb=device_gb, tier=tier)
+        ckpt.drop_pages()               # the device holds the weights now
+        return model
     if tier is not None:
         raise VkspecError("the expert tier needs --backend vulkan")
     from .backends.cpu.model import CpuModel

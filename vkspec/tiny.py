@@ -109,7 +109,8 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
             la = f"{p}.linear_attn"
             t[f"{la}.in_proj_qkvz.weight"] = lin(2 * nk * dk + 2 * nv * dv, h)
             t[f"{la}.in_proj_ba.weight"] = lin(2 * nv, h)
-            t[f"{la}.conv1d.weight"] = (rng.standard_normal((2 * nk * dk + nv * dv, 1, 4)) * 0.5).astype(np.float32)
+            taps = cfg.get("linear_conv_kernel_dim", 4)
+            t[f"{la}.conv1d.weight"] = (rng.standard_normal((2 * nk * dk + nv * dv, 1, taps)) * 0.5).astype(np.float32)
             t[f"{la}.dt_bias"] = vec(nv, 0.5)
             t[f"{la}.A_log"] = rng.uniform(-1, 1, nv).astype(np.float32)
             t[f"{la}.norm.weight"] = (1 + vec(dv)).astype(np.float32)

@@ -29,9 +29,9 @@ def find_tokenizer(model_dir) -> Tok | None:
 
 
 def load_tokenizer(model_dir) -> Tok:
-    from .gguf_file import GgufFile, is_gguf
+    from .gguf_file import is_gguf, open_gguf
     if is_gguf(model_dir):
-        return Tok(GgufFile(model_dir).tokenizer())
+        return Tok(open_gguf(model_dir).tokenizer())
     path = Path(model_dir) / "tokenizer.json"
     if not path.exists():
         raise VkspecError(f"{model_dir}: no tokenizer.json (use --prompt-ids)")

@@ -124,7 +124,7 @@ def compile_one(src: Path, name: str, defines: list[str], out_dir: Path, glslang
     out = out_dir / name
     tmp = out.with_suffix(".spv.tmp")
     cmd = [glslang, "-V", "--target-env", "vulkan1.1", "-I" + str(src.parent)]
-    cmd += [f"-D{d}" for d in defines] + ["-o", str(tmp), str(src)]
+    cmd += [f"-D{d}" for d in defines + _sibling("limits").defines(src.stem)] + ["-o", str(tmp), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=glslang_env(glslang))
     if res.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -10,7 +10,7 @@
 #include "exact.glsl"
 #include "step.glsl"
 
-#define MAX_K 8u
+// MAX_* come from vkspec/shaders/limits.py (the build's -D defines)
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };

@@ -5,8 +5,7 @@
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 
-#define MAX_E 512u
-#define MAX_K 16u
+// MAX_* come from vkspec/shaders/limits.py (the build's -D defines)
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float logits[]; };
