@@ -1,0 +1,164 @@
+"""vkspec next to llama.cpp on the same machine, each program in its own
+process, rounds interleaved; prints one table (markdown) and writes JSON.
+
+    python tests/bench/vs_llama.py MODEL.gguf [--rounds 3] [-n 96] [--backends cpu,vulkan]
+                                   [--peer DIR] [--out out/vs_llama.json]
+
+The peer is llama.cpp 0c1e57098 (../shared/peer/build-llama-cpp.sh prints its
+bin folder; --peer or $LLAMA_BIN). The prompt is `vkspec bench`'s code edit,
+rendered with the model's chat template, fed to both as the same text.
+
+Rows (medians over the rounds):
+* start: wall time and peak RSS (/usr/bin/time %M) of a run that generates
+  one token (vkspec run MODEL -n 1; llama-completion -n 1);
+* prefill tok/s of the prompt, plain decode tok/s, prompt lookup decode tok/s
+  (vkspec --spec lookup; the better of llama-lookup with 8 drafts and
+  llama-speculative-simple's ngram-simple n=4 m=16), whole request wall time;
+* vkspec's lookup text against its plain text (must be equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from vkspec.bench_spec import PROMPTS  # noqa: E402
+
+
+def rendered_prompt(model) -> tuple[str, int]:
+    """The code-edit prompt as text (chat template applied) and its token count."""
+    from vkspec.gguf_file import GgufFile
+    from vkspec.serve.text import render_chat
+    from vkspec.tokenizer import load_tokenizer
+    user, answer = PROMPTS["code-edit"]
+    template = GgufFile(model).chat_template()
+    text = (render_chat(template, [{"role": "user", "content": user}]) if template else user + "\n") + answer
+    return text, len(load_tokenizer(model).encode(text))
+
+
+def timed(cmd, env=None) -> tuple[float, int, str, str]:
+    """(wall s, peak RSS bytes, stdout, stderr) of one process."""
+    t0 = time.perf_counter()
+    res = subprocess.run(["/usr/bin/time", "-f", "RSS %M"] + [str(c) for c in cmd], capture_output=True,
+                         text=True, env=env, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({res.returncode}): {res.stderr[-2000:]}")
+    rss = int(re.findall(r"RSS (\d+)", res.stderr)[-1]) * 1024
+    return wall, rss, res.stdout, res.stderr
+
+
+def vkspec_run(model, prompt_file, n, backend, spec, env):
+    text = Path(prompt_file).read_text()
+    wall, rss, out, _ = timed([sys.executable, "-m", "vkspec.cli", "run", model, "--prompt", text, "-n", n,
+                               "--backend", backend, "--spec", spec, "--json"], env)
+    d = json.loads(out)
+    return dict(wall=wall, rss=rss, prefill_tok_s=d["prompt_tokens"] / max(d["prefill_s"], 1e-9),
+                decode_tok_s=d["decode_tok_s"], tokens=d["tokens"], tpf=d["tokens_per_forward"])
+
+
+_EVAL = re.compile(r"(prompt eval|eval) time =\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs).*?([\d.]+) tokens per second")
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+
+
+def llama(bin_dir, tool, model, prompt_file, n, extra=()):
+    cmd = [Path(bin_dir) / tool, "-m", model, "-f", prompt_file, "-n", n, "--temp", "0", "-t", "2",
+           "--no-escape", *extra]
+    wall, rss, out, err = timed(cmd)
+    got = dict(wall=wall, rss=rss)
+    for kind, _, _, rate in _EVAL.findall(err):
+        got["prefill_tok_s" if kind == "prompt eval" else "decode_tok_s"] = float(rate)
+    m = _DECODED.search(err)
+    if m:                                     # llama-lookup / speculative report the whole generation
+        got["decode_tok_s"] = float(m.group(3))
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-n", type=int, default=96)
+    ap.add_argument("--backends", default="cpu,vulkan")
+    ap.add_argument("--peer", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/vkspec-peer/build-cpu/bin")))
+    ap.add_argument("--out", default="out/vs_llama.json")
+    a = ap.parse_args()
+    text, n_prompt = rendered_prompt(a.model)
+    pf = Path(tempfile.mkdtemp()) / "prompt.txt"
+    pf.write_text(text)
+    env = dict(os.environ)
+    runs: dict[str, list] = {}
+
+    def add(key, value):
+        runs.setdefault(key, []).append(value)
+
+    completion = ("-no-cnv", "--no-display-prompt", "--simple-io")
+    for rnd in range(a.rounds):
+        print(f"round {rnd + 1}/{a.rounds}", file=sys.stderr, flush=True)
+        add("llama.cpp cpu start", llama(a.peer, "llama-completion", a.model, pf, 1, completion))
+        add("llama.cpp cpu plain", llama(a.peer, "llama-completion", a.model, pf, a.n, completion))
+        add("llama.cpp cpu lookup8", llama(a.peer, "llama-lookup", a.model, pf, a.n, ("--spec-draft-n-max", "8")))
+        add("llama.cpp cpu ngram", llama(a.peer, "llama-speculative-simple", a.model, pf, a.n,
+                                         ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+                                          "--spec-ngram-simple-size-m", "16")))
+        for backend in a.backends.split(","):
+            add(f"vkspec {backend} start", vkspec_run(a.model, pf, 1, backend, "off", env))
+            add(f"vkspec {backend} plain", vkspec_run(a.model, pf, a.n, backend, "off", env))
+            add(f"vkspec {backend} lookup", vkspec_run(a.model, pf, a.n, backend, "lookup", env))
+    med = statistics.median
+
+    def m(key, field):
+        vals = [r[field] for r in runs.get(key, []) if field in r]
+        return med(vals) if vals else None
+
+    rows = []
+    for backend in a.backends.split(","):
+        same = all(lk["tokens"] == pl["tokens"] for lk, pl in zip(runs[f"vkspec {backend} lookup"],
+                                                                   runs[f"vkspec {backend} plain"]))
+        peer = "cpu"
+        best_lookup = max(m(f"llama.cpp {peer} lookup8", "decode_tok_s") or 0,
+                          m(f"llama.cpp {peer} ngram", "decode_tok_s") or 0)
+        rows += [
+            (f"{backend}: start (-n 1) wall s", m(f"vkspec {backend} start", "wall"), m(f"llama.cpp {peer} start", "wall")),
+            (f"{backend}: start (-n 1) peak RSS MB", m(f"vkspec {backend} start", "rss") / 1e6,
+             m(f"llama.cpp {peer} start", "rss") / 1e6),
+            (f"{backend}: prefill tok/s ({n_prompt} tokens)", m(f"vkspec {backend} plain", "prefill_tok_s"),
+             m(f"llama.cpp {peer} plain", "prefill_tok_s")),
+            (f"{backend}: plain decode tok/s", m(f"vkspec {backend} plain", "decode_tok_s"),
+             m(f"llama.cpp {peer} plain", "decode_tok_s")),
+            (f"{backend}: lookup decode tok/s (text same as plain: {'yes' if same else 'NO'})",
+             m(f"vkspec {backend} lookup", "decode_tok_s"), best_lookup),
+            (f"{backend}: whole request wall s (-n {a.n})", m(f"vkspec {backend} plain", "wall"),
+             m(f"llama.cpp {peer} plain", "wall")),
+        ]
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+    print(f"{Path(a.model).name}, {a.rounds} interleaved rounds, medians; {cpu} ({isa}), {os.cpu_count()} cores, "
+          f"{platform.python_version()}; llama.cpp peer: its CPU backend, 2 threads\n")
+    print("| measure | vkspec | llama.cpp | ratio |\n| --- | --- | --- | --- |")
+    for name, ours, theirs in rows:
+        ratio = ours / theirs if ours and theirs else None
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f"| {name} | {fmt(ours)} | {fmt(theirs)} | {fmt(ratio)} |")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"rows": rows, "runs": {k: [{f: v for f, v in r.items() if f != "tokens"}
+                                                                  for r in rs] for k, rs in runs.items()}},
+                                      indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
