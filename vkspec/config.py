@@ -89,7 +89,7 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
     heads = _need(d, "num_attention_heads", src, lo=1)
     layers = _need(d, "num_hidden_layers", src, lo=1)
     head_dim = int(d.get("head_dim") or hidden // heads)
-    kv = int(d.get("num_key_value_heads") or heads)
+    kv = heads if d.get("num_key_value_heads") is None else _need(d, "num_key_value_heads", src)
     if kv < 1 or heads % kv:
         raise VkspecError(f"{src}: num_key_value_heads = {kv} must divide num_attention_heads = {heads}")
     interval = int(d.get("full_attention_interval", 4))

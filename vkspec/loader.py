@@ -54,7 +54,9 @@ class Loader:
         c = self.cfg
         nh, nkv, hd, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
         qr = nh * hd * (2 if c.attn_gate else 1)
-        bias = (lambda n, rows: self.vec(f"{p}.{n}_proj.bias", rows)) if c.qkv_bias else (lambda n, rows: None)
+
+        def bias(proj, rows, present):
+            return self.vec(f"{p}.{proj}_proj.bias", rows) if present else None
         return AttnW(
             q=self.lin(f"{p}.q_proj.weight", qr, h),
             k=self.lin(f"{p}.k_proj.weight", nkv * hd, h),
@@ -62,8 +64,8 @@ class Loader:
             o=self.lin(f"{p}.o_proj.weight", h, nh * hd),
             q_norm=self.norm(f"{p}.q_norm.weight", hd) if c.qk_norm else None,
             k_norm=self.norm(f"{p}.k_norm.weight", hd) if c.qk_norm else None,
-            gated=c.attn_gate, q_bias=bias("q", qr), k_bias=bias("k", nkv * hd), v_bias=bias("v", nkv * hd),
-            o_bias=self.vec(f"{p}.o_proj.bias", h) if c.o_bias else None)
+            gated=c.attn_gate, q_bias=bias("q", qr, c.qkv_bias), k_bias=bias("k", nkv * hd, c.qkv_bias),
+            v_bias=bias("v", nkv * hd, c.qkv_bias), o_bias=bias("o", h, c.o_bias))
 
     def delta(self, p) -> DeltaW:
         c = self.cfg
