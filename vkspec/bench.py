@@ -78,7 +78,8 @@ def weight_bytes_per_token(w, cfg) -> int:
     from .weights import MoeW
 
     def mats(obj):
-        return [m for m in vars(obj).values() if hasattr(m, "nbytes") and hasattr(m, "fmt")]
+        vals = [x for v in vars(obj).values() for x in (v if isinstance(v, list) else [v])]
+        return [m for m in vals if hasattr(m, "nbytes") and hasattr(m, "fmt")]
 
     total = w.lm_head.nbytes() + (w.embed.nbytes() // max(w.embed.rows, 1))
     for lw in w.layers:

@@ -1,4 +1,5 @@
-"""Model configuration from a Hugging Face config.json (Qwen3-Next hybrids, Llama)."""
+"""Model configuration from a Hugging Face config.json (or a GGUF's metadata,
+translated by vkspec.families): the families' shapes and feature flags."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import families
 from .errors import VkspecError
 
-SUPPORTED = ("qwen3_next", "llama")
+SUPPORTED = tuple(families.FAMILIES)
 
 
 @dataclass
@@ -43,7 +45,12 @@ class ModelConfig:
     # MTP head
     num_nextn_predict_layers: int = 0
     tie_word_embeddings: bool = False
-    norm_plus_one: bool = True      # Qwen3-Next's (1 + w) RMSNorm; Llama's is plain w
+    # feature flags (vkspec.families says which family has which)
+    norm_plus_one: bool = True      # (1 + w) RMSNorms (HF Qwen3-Next / Qwen3.5); else plain w
+    qk_norm: bool = False           # per-head RMSNorm of q and k before RoPE
+    attn_gate: bool = False         # q_proj yields [q | gate] per head; output * sigmoid(gate)
+    qkv_bias: bool = False          # q, k, v projections have biases
+    o_bias: bool = False            # o_proj has a bias
     dtype: str = "float32"
     eos_token_id: list[int] = field(default_factory=list)
     source: str = "config.json"
@@ -71,34 +78,32 @@ def _need(d: dict, key: str, src: str, typ=int, lo=None):
 
 
 def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
-    mt = d.get("model_type")
-    if mt not in SUPPORTED:
-        raise VkspecError(f"{src}: unknown model_type {mt!r} (supported: {', '.join(SUPPORTED)})")
+    d = families.text_config(d)
+    fam = families.family(d, src)
+    mt = d["model_type"]
+    families.refuse_unsupported(d, src)
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
     theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
-    if rope.get("rope_type", "default") not in ("default", None):
-        raise VkspecError(f"{src}: rope_type {rope.get('rope_type')!r} is not supported")
-    prf = d.get("partial_rotary_factor", rope.get("partial_rotary_factor",
-                                                  0.25 if mt == "qwen3_next" else 1.0))
+    prf = d.get("partial_rotary_factor", rope.get("partial_rotary_factor", fam.partial_rotary_factor))
     hidden = _need(d, "hidden_size", src, lo=1)
     heads = _need(d, "num_attention_heads", src, lo=1)
     layers = _need(d, "num_hidden_layers", src, lo=1)
     head_dim = int(d.get("head_dim") or hidden // heads)
-    kv = int(d.get("num_key_value_heads", heads))
+    kv = heads if d.get("num_key_value_heads") is None else _need(d, "num_key_value_heads", src)
     if kv < 1 or heads % kv:
         raise VkspecError(f"{src}: num_key_value_heads = {kv} must divide num_attention_heads = {heads}")
     interval = int(d.get("full_attention_interval", 4))
     types = d.get("layer_types") or (
         ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-        if mt == "qwen3_next" else ["full_attention"] * layers)
+        if fam.hybrid else ["full_attention"] * layers)
     if len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
         raise VkspecError(f"{src}: layer_types must list {layers} entries of "
                           "'linear_attention' or 'full_attention'")
     eos = d.get("eos_token_id")
-    cfg = ModelConfig(
+    kw = dict(
         model_type=mt, vocab_size=_need(d, "vocab_size", src, lo=1), hidden_size=hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-        head_dim=head_dim, intermediate_size=int(d.get("intermediate_size", 0)),
+        head_dim=head_dim, intermediate_size=int(d.get("intermediate_size") or 0),
         rms_norm_eps=_need(d, "rms_norm_eps", src, float, lo=0.0), rope_theta=float(theta),
         partial_rotary_factor=float(prf),
         max_position_embeddings=int(d.get("max_position_embeddings", 4096)), layer_types=types,
@@ -107,20 +112,18 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
         linear_key_head_dim=int(d.get("linear_key_head_dim", 0)),
         linear_value_head_dim=int(d.get("linear_value_head_dim", 0)),
         linear_conv_kernel_dim=int(d.get("linear_conv_kernel_dim", 4)),
-        num_experts=int(d.get("num_experts", 0)),
-        num_experts_per_tok=int(d.get("num_experts_per_tok", 0)),
-        moe_intermediate_size=int(d.get("moe_intermediate_size", 0)),
-        shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size", 0)),
-        norm_topk_prob=bool(d.get("norm_topk_prob", True)),
-        decoder_sparse_step=int(d.get("decoder_sparse_step", 1)),
+        num_experts_per_tok=int(d.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(d.get("moe_intermediate_size") or 0),
+        shared_expert_intermediate_size=int(d.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(d.get("decoder_sparse_step") or 1),
         mlp_only_layers=list(d.get("mlp_only_layers") or []),
-        num_nextn_predict_layers=int(d.get("num_nextn_predict_layers", 0)),
+        num_nextn_predict_layers=int(d.get("num_nextn_predict_layers", d.get("mtp_num_hidden_layers", 0)) or 0),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-        norm_plus_one=(mt == "qwen3_next"),
         dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32"),
         eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
         source=src,
     )
+    cfg = ModelConfig(**{**kw, **families.flags(d, fam)})
     _check_ranges(cfg, src)
     return cfg
 

@@ -4,9 +4,13 @@ weights kept in their blocks.
 * Weights: every 2-D tensor is a formats.matrix.QWeight over its bytes in the
   mapped file (F32, F16, BF16, Q4_0 ... Q6_K): never widened, never
   re-quantised. Vectors (norms) are read as float32.
+* Names: the loader asks for Hugging Face names; vkspec.families maps them to
+  each architecture's GGUF names. A 3-D expert tensor (ffn_*_exps) answers
+  for every expert: expert e is its rows [e*rows, (e+1)*rows), a view.
 * llama.cpp stores a llama model's attn_q/attn_k rows permuted for its
-  interleaved RoPE; the matrix gets the row order back to Hugging Face's
-  rotate-half order (QWeight.order: nothing moves).
+  interleaved RoPE (llama only: qwen2/qwen3/qwen3moe/qwen3next use NEOX RoPE,
+  rotate-half, as stored); the matrix gets the row order back to Hugging
+  Face's rotate-half order (QWeight.order: nothing moves).
 * Config and tokenizer come from the same one read of the metadata: the
   gpt2-style byte-level BPE (tokens, merges, control tokens) rebuilt with
   ``tokenizers``, and the chat template.
@@ -18,18 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
+from . import families
 from .errors import VkspecError
 from .formats import ggml
 from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
 from .gguf_reader import read_gguf
 
-ARCHITECTURES = ("llama",)
-_LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight",
-                "post_attention_layernorm.weight": "ffn_norm.weight",
-                "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-                "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-                "mlp.down_proj.weight": "ffn_down.weight"}
+ARCHITECTURES = tuple(families.GGUF_ARCHS)
 
 
 def is_gguf(path) -> bool:
@@ -58,9 +57,9 @@ class GgufFile:
         self.g = read_gguf(self.path)
         self.tensors = self.g.tensors
         self.arch = self.meta("general.architecture")
-        if self.arch not in ARCHITECTURES:
-            raise VkspecError(f"{self.path}: architecture {self.arch!r} is not supported "
-                              f"({', '.join(ARCHITECTURES)})")
+        self.family = families.gguf_arch(self.arch, self.path)
+        blocks = self.meta(f"{self.arch}.block_count")
+        self.n_trunk = int(blocks or 0) - int(self.meta(f"{self.arch}.nextn_predict_layers", 0) or 0)
 
     def meta(self, key, default=None):
         return self.g.metadata.get(key, default)
@@ -77,72 +76,54 @@ class GgufFile:
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:
-        a = self.arch
-        need = lambda k: self._need(f"{a}.{k}")  # noqa: E731
-        heads = int(need("attention.head_count"))
-        hidden = int(need("embedding_length"))
-        tokens = self.meta("tokenizer.ggml.tokens")
-        vocab = self.meta(f"{a}.vocab_size") or (len(tokens) if tokens is not None else 0)
-        eos = self.meta("tokenizer.ggml.eos_token_id")
-        return {
-            "model_type": "llama", "vocab_size": int(vocab), "hidden_size": hidden,
-            "num_hidden_layers": int(need("block_count")), "num_attention_heads": heads,
-            "num_key_value_heads": int(self.meta(f"{a}.attention.head_count_kv", heads)),
-            "head_dim": int(self.meta(f"{a}.rope.dimension_count", hidden // max(heads, 1))),
-            "intermediate_size": int(need("feed_forward_length")),
-            "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-            "rope_theta": float(self.meta(f"{a}.rope.freq_base", 10000.0)),
-            "max_position_embeddings": int(self.meta(f"{a}.context_length", 4096)),
-            "tie_word_embeddings": "output.weight" not in self.tensors,
-            "eos_token_id": [int(eos)] if eos is not None else [],
-        }
-
-    def _need(self, key):
-        v = self.meta(key)
-        if v is None:
-            raise VkspecError(f"{self.path}: missing metadata key {key!r}")
-        return v
+        return families.gguf_config(self.family, self.arch, self.meta, self.tensors, self.path)
 
     # --- tensors ------------------------------------------------------------------------
-    def _gguf_name(self, name: str) -> str:
-        if name == "model.embed_tokens.weight":
-            return "token_embd.weight"
-        if name == "model.norm.weight":
-            return "output_norm.weight"
-        if name == "lm_head.weight":
-            return "output.weight"
-        parts = name.split(".")
-        if parts[:2] == ["model", "layers"] and ".".join(parts[3:]) in _LAYER_NAMES:
-            return f"blk.{parts[2]}.{_LAYER_NAMES['.'.join(parts[3:])]}"
-        return name
+    def _where(self, name: str) -> tuple[str, int | None]:
+        return families.gguf_name(self.family, name, self.n_trunk)
 
     def __contains__(self, name: str) -> bool:
-        return self._gguf_name(name) in self.tensors
+        g, expert = self._where(name)
+        t = self.tensors.get(g)
+        return t is not None and (expert is None or (len(t.shape) == 3 and expert < t.numpy_shape[0]))
 
     def _info(self, name: str, shape):
-        g = self._gguf_name(name)
+        """(GGUF name, tensor, expert). Size-1 axes are not compared: a
+        (C, 1, K) conv weight is stored (C, K), a (1, H) gate may be (H)."""
+        g, expert = self._where(name)
         t = self.tensors.get(g)
         if t is None:
             raise VkspecError(f"{self.path}: missing tensor {g} ({name})")
         got = t.numpy_shape
-        if len(got) == 2 and got[0] == 1 and shape is not None and len(shape) == 1:
+        if expert is not None:
+            if len(got) != 3 or expert >= got[0]:
+                raise VkspecError(f"{self.path}: tensor {g} has shape {tuple(got)}, no expert {expert}")
             got = got[1:]
-        if shape is not None and tuple(got) != tuple(shape):
+        if shape is not None and tuple(got) != tuple(shape) and \
+                tuple(d for d in got if d != 1) != tuple(d for d in shape if d != 1):
             raise VkspecError(f"{self.path}: tensor {g} has shape {tuple(got)}, expected {tuple(shape)}")
-        return g, t
+        return g, t, expert
 
-    def matrix(self, name: str, shape: tuple) -> QWeight:
-        """A 2-D weight in its own blocks, a view of the mapped file."""
-        g, t = self._info(name, shape)
+    def _fmt(self, g, t) -> str:
         fmt = t.ggml_type.name.lower()
         if fmt not in FORMATS:
             raise VkspecError(f"{self.path}: tensor {g} is {t.ggml_type.name}; supported: "
                               f"{', '.join(n.upper() for n in ggml.TYPES)}")
+        return fmt
+
+    def matrix(self, name: str, shape: tuple) -> QWeight:
+        """A 2-D weight (or one expert of a 3-D one) in its own blocks, a view
+        of the mapped file."""
+        g, t, expert = self._info(name, shape)
+        fmt = self._fmt(g, t)
         rows, cols = shape
         if cols % 4:
             raise VkspecError(f"{self.path}: tensor {g} has {cols} columns; vkspec needs a multiple of 4")
-        w = QWeight(fmt, rows, cols, self.g.tensor_bytes(g).reshape(rows, -1), no_scales())
-        if self.arch == "llama" and g.endswith(("attn_q.weight", "attn_k.weight")):
+        stored = int(np.prod(t.numpy_shape[:-1]))
+        w = QWeight(fmt, stored, cols, self.g.tensor_bytes(g).reshape(stored, -1), no_scales())
+        if expert is not None:
+            return w.rows_of(expert * rows, (expert + 1) * rows)
+        if self.family.permute_qk and g.endswith(("attn_q.weight", "attn_k.weight")):
             heads = int(self.meta(f"{self.arch}.attention.head_count"))
             if g.endswith("attn_k.weight"):
                 heads = int(self.meta(f"{self.arch}.attention.head_count_kv", heads))
@@ -151,10 +132,10 @@ class GgufFile:
 
     def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
         """A tensor as float32 (vectors and small parameters; weights: matrix())."""
-        g, t = self._info(name, shape)
-        fmt = t.ggml_type.name.lower()
-        if fmt not in FORMATS:
-            raise VkspecError(f"{self.path}: tensor {g} is {t.ggml_type.name}, not a supported type")
+        g, t, expert = self._info(name, shape)
+        if expert is not None:
+            raise VkspecError(f"{self.path}: tensor {g} is a matrix of experts, not a vector")
+        fmt = self._fmt(g, t)
         elems = int(np.prod(t.shape))
         v = dequantize(QWeight(fmt, 1, elems, self.g.tensor_bytes(g).reshape(1, -1), no_scales()))
         return v.reshape(shape if shape is not None else t.numpy_shape)

@@ -2,12 +2,16 @@
 Weights become a model on a backend.
 
 Conventions that are easy to get wrong (checked against transformers):
-* in_proj_qkvz rows come grouped per key head as [q, k, v(r heads), z(r heads)]
-  and in_proj_ba as [b(r), a(r)]; they are permuted once at load into
-  [q all | k all | v all | z all] and [b all | a all] (a row permutation
-  changes no bits);
-* every RMSNorm is (1 + w) except linear_attn.norm (gated, plain w): the
-  effective weight 1 + w is computed once here, in float32.
+* Qwen3-Next's in_proj_qkvz rows come grouped per key head as
+  [q, k, v(r heads), z(r heads)] and in_proj_ba as [b(r), a(r)]; they are read
+  in the order [q all | k all | v all | z all] and [b all | a all] (a row
+  permutation changes no bits). Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b,
+  in_proj_a (and llama.cpp's attn_qkv, attn_gate) already are that order:
+  separate matrices, consecutive parts of one weight on the device;
+* with norm_plus_one every RMSNorm is (1 + w) except linear_attn.norm (gated,
+  plain w): the effective weight 1 + w is computed once here, in float32;
+* the names are Hugging Face's; a GGUF file (gguf_file) and a composite
+  checkpoint (``model.language_model.*``, TextModelNames) answer to them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class Loader:
         w = self.t(name, (n,))
         return (f32(1.0) + w).astype(f32) if self.cfg.norm_plus_one else np.array(w, dtype=f32)
 
+    def vec(self, name, n):
+        return np.array(self.t(name, (n,)), dtype=f32)
+
     def lin(self, name, rows, cols, order=None):
         w = self.ckpt.matrix(name, (rows, cols))
         return quantize(w if order is None else w.reordered(order), self.fmt)
@@ -46,15 +53,19 @@ class Loader:
     def attn(self, p) -> AttnW:
         c = self.cfg
         nh, nkv, hd, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
-        gated = c.model_type == "qwen3_next"
+        qr = nh * hd * (2 if c.attn_gate else 1)
+
+        def bias(proj, rows, present):
+            return self.vec(f"{p}.{proj}_proj.bias", rows) if present else None
         return AttnW(
-            q=self.lin(f"{p}.q_proj.weight", nh * hd * (2 if gated else 1), h),
+            q=self.lin(f"{p}.q_proj.weight", qr, h),
             k=self.lin(f"{p}.k_proj.weight", nkv * hd, h),
             v=self.lin(f"{p}.v_proj.weight", nkv * hd, h),
             o=self.lin(f"{p}.o_proj.weight", h, nh * hd),
-            q_norm=self.norm(f"{p}.q_norm.weight", hd) if gated else None,
-            k_norm=self.norm(f"{p}.k_norm.weight", hd) if gated else None,
-            gated=gated)
+            q_norm=self.norm(f"{p}.q_norm.weight", hd) if c.qk_norm else None,
+            k_norm=self.norm(f"{p}.k_norm.weight", hd) if c.qk_norm else None,
+            gated=c.attn_gate, q_bias=bias("q", qr, c.qkv_bias), k_bias=bias("k", nkv * hd, c.qkv_bias),
+            v_bias=bias("v", nkv * hd, c.qkv_bias), o_bias=bias("o", h, c.o_bias))
 
     def delta(self, p) -> DeltaW:
         c = self.cfg
@@ -69,12 +80,23 @@ class Loader:
         ba = np.concatenate([(heads * 2 * r + lo + np.arange(r)).reshape(-1) for lo in (0, r)])
         conv_dim = 2 * nk * dk + nv * dv
         kk = c.linear_conv_kernel_dim
+        has = self.ckpt.__contains__
+        if has(f"{p}.in_proj_qkvz.weight") or not has(f"{p}.in_proj_qkv.weight"):
+            proj = [self.lin(f"{p}.in_proj_qkvz.weight", nk * per, h, qkvz)]
+        else:
+            proj = [self.lin(f"{p}.in_proj_qkv.weight", conv_dim, h), self.lin(f"{p}.in_proj_z.weight", nv * dv, h)]
+        if has(f"{p}.in_proj_ba.weight") or not has(f"{p}.in_proj_b.weight"):
+            proj.append(self.lin(f"{p}.in_proj_ba.weight", nk * 2 * r, h, ba))
+        else:
+            proj += [self.lin(f"{p}.in_proj_b.weight", nv, h), self.lin(f"{p}.in_proj_a.weight", nv, h)]
+        # llama.cpp stores -exp(A_log) itself (ssm_a); from A_log it is vkspec's exact exp
+        neg_exp_a = (self.vec(f"{p}.ssm_a", nv) if has(f"{p}.ssm_a")
+                     else -exact.exp(self.t(f"{p}.A_log", (nv,))))
         return DeltaW(
-            qkvz=self.lin(f"{p}.in_proj_qkvz.weight", nk * per, h, qkvz),
-            ba=self.lin(f"{p}.in_proj_ba.weight", nk * 2 * r, h, ba),
+            proj=proj,
             conv=np.ascontiguousarray(self.t(f"{p}.conv1d.weight", (conv_dim, 1, kk))[:, 0]),
             dt_bias=np.array(self.t(f"{p}.dt_bias", (nv,)), dtype=f32),
-            neg_exp_a=-exact.exp(self.t(f"{p}.A_log", (nv,))),
+            neg_exp_a=neg_exp_a,
             norm=np.array(self.t(f"{p}.norm.weight", (dv,)), dtype=f32),
             out=self.lin(f"{p}.out_proj.weight", h, nv * dv))
 
@@ -146,7 +168,35 @@ def open_checkpoint(model_dir, fmt: str = "f32"):
                               "re-quantise it")
         ckpt = open_gguf(model_dir)
         return from_dict(ckpt.config_dict(), str(model_dir)), ckpt
-    return load_config(model_dir), Checkpoint(model_dir)
+    ckpt = Checkpoint(model_dir)
+    if any(n.startswith(TextModelNames.PREFIX) for n in ckpt.names()):
+        ckpt = TextModelNames(ckpt)
+    return load_config(model_dir), ckpt
+
+
+class TextModelNames:
+    """A composite checkpoint (Qwen3.5 on the Hub: model.language_model.*,
+    model.visual.*, top-level lm_head and mtp.*) read as its text model:
+    model.X is model.language_model.X; the vision tower is never read."""
+    PREFIX = "model.language_model."
+
+    def __init__(self, ckpt: Checkpoint):
+        self.inner = ckpt
+
+    def _name(self, name: str) -> str:
+        return self.PREFIX + name[len("model."):] if name.startswith("model.") else name
+
+    def __contains__(self, name: str) -> bool:
+        return self._name(name) in self.inner
+
+    def get(self, name, shape=None):
+        return self.inner.get(self._name(name), shape)
+
+    def matrix(self, name, shape):
+        return self.inner.matrix(self._name(name), shape)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
 
 
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,

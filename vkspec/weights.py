@@ -15,19 +15,29 @@ from .formats.matrix import QWeight
 
 @dataclass
 class AttnW:
-    q: QWeight
+    q: QWeight                # (nh * hd, H), or (2 * nh * hd, H) as [q | gate] per head when gated
     k: QWeight
     v: QWeight
     o: QWeight
-    q_norm: np.ndarray | None
+    q_norm: np.ndarray | None # per-head RMSNorm weights (qk_norm)
     k_norm: np.ndarray | None
-    gated: bool
+    gated: bool               # the output is multiplied by sigmoid(gate)
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
+    o_bias: np.ndarray | None = None
+
+    @property
+    def qkv_bias(self) -> np.ndarray | None:
+        """The biases of the fused q|k|v rows (the device adds them in one op)."""
+        if self.q_bias is None:
+            return None
+        return np.concatenate([self.q_bias, self.k_bias, self.v_bias]).astype(np.float32)
 
 
 @dataclass
 class DeltaW:
-    qkvz: QWeight
-    ba: QWeight
+    proj: list[QWeight]       # parts whose rows, one after another, are [q | k | v | z | b | a]
     conv: np.ndarray          # (conv_dim, K)
     dt_bias: np.ndarray
     neg_exp_a: np.ndarray     # -exp(A_log), exact, computed once

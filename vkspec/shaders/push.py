@@ -47,6 +47,16 @@ class Attend:
 
 
 @dataclass(kw_only=True)
+class BiasAdd:
+    rows: u32
+    n: u32                 # bias length (columns)
+    x_off: u32 = 0         # acc: first float of x (o_proj's output)
+    x_stride: u32 = 0
+    y_off: u32 = 0
+    y_stride: u32
+
+
+@dataclass(kw_only=True)
 class ConvStep:
     rows: u32
     channels: u32
@@ -192,7 +202,7 @@ class Softmax:
 
 
 # shader stem -> its struct (a shader missing here has no push constants)
-PUSH = {"argmax": Argmax, "attend": Attend, "conv_step": ConvStep, "core_eval": CoreEval,
+PUSH = {"argmax": Argmax, "attend": Attend, "bias_add": BiasAdd, "conv_step": ConvStep, "core_eval": CoreEval,
         "deltanet": Deltanet, "embed": Embed, "fill": Fill, "gemv": Gemv,
         "moe_combine": MoeCombine, "rmsnorm": Rmsnorm, "rope": Rope, "route": Route,
         "silu_mul": SiluMul, "softmax": Softmax}

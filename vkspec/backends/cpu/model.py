@@ -7,6 +7,12 @@ bits it would get fed alone.
 
 * q_proj yields [q, gate] per head on the gated attention (Qwen3-Next); the
   attention output is multiplied by sigmoid(gate) before o_proj.
+* projection biases (Qwen2's q, k, v; attention_bias's q, k, v, o) are added
+  to the GEMV's output (ops.bias_add), before the head split, norms and RoPE;
+  o_proj's before the residual add: x + (W a + b).
+* a Gated DeltaNet's projections are parts whose rows, one after another, are
+  [q | k | v | z | b | a]; each output row is computed alone, so parts or one
+  matrix give the same bits.
 * the conv input is cat(q, k, v); g = -exp(A_log) * softplus(a + dt_bias),
   beta = sigmoid(b); q and k are L2-normalised (eps 1e-6), q scaled by dk^-0.5.
 """
@@ -120,7 +126,7 @@ class CpuModel:
     def attention(self, w: AttnW, h, pos, kcache, vcache):
         c = self.cfg
         n, nh, hd = h.shape[0], c.num_attention_heads, c.head_dim
-        q = ops.gemv(w.q, h)
+        q = self.proj(w.q, w.q_bias, h)
         if w.gated:
             q = q.reshape(n, nh, 2 * hd)
             q, gate = q[:, :, :hd], q[:, :, hd:].reshape(n, nh * hd)
@@ -132,27 +138,32 @@ class CpuModel:
         out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(hd ** -0.5)).reshape(n, nh * hd)
         if w.gated:
             out = out * ops.sigmoid(gate)
-        return ops.gemv(w.o, out)
+        return self.proj(w.o, w.o_bias, out)
+
+    @staticmethod
+    def proj(w, bias, h):
+        y = ops.gemv(w, h)
+        return y if bias is None else ops.bias_add(y, bias)
 
     def write_kv(self, w: AttnW, h, pos, kcache, vcache):
         """The rows' keys (normed, rotated) and values into the cache at pos."""
         c = self.cfg
         n, nkv, hd = h.shape[0], c.num_key_value_heads, c.head_dim
-        k = ops.gemv(w.k, h).reshape(n, nkv, hd)
+        k = self.proj(w.k, w.k_bias, h).reshape(n, nkv, hd)
         if w.k_norm is not None:
             k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
         ops.rope(k, self.cos[pos], self.sin[pos], cache=kcache, pos=pos)
         none = self.cos[pos][:, :0]                 # rot 0: the values enter the cache as they are
-        ops.rope(ops.gemv(w.v, h).reshape(n, nkv, hd), none, none, cache=vcache, pos=pos)
+        ops.rope(self.proj(w.v, w.v_bias, h).reshape(n, nkv, hd), none, none, cache=vcache, pos=pos)
 
     def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg
         n = h.shape[0]
         nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                           c.linear_key_head_dim, c.linear_value_head_dim)
-        qkvz = ops.gemv(w.qkvz, h)
-        ba = ops.gemv(w.ba, h)
+        proj = np.concatenate([ops.gemv(p, h) for p in w.proj], axis=-1)
         cd = 2 * nk * dk + nv * dv
+        qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
         K = w.conv.shape[1]
         mixed, window = ops.conv_step(ring, qkvz[:, :cd], w.conv)
         q, k, beta, decay = ops.deltanet_prep(

@@ -49,6 +49,13 @@ def embed(table: QWeight, tokens) -> np.ndarray:
     return dequantize(table.take(np.asarray(tokens).reshape(-1)))
 
 
+def bias_add(x, b, acc=None) -> np.ndarray:
+    """x + b, b added to every row; with ``acc`` (the acc variant) acc + (x + b):
+    o_proj's output and bias, then the residual."""
+    y = np.asarray(x, f32) + np.asarray(b, f32)
+    return y if acc is None else acc + y
+
+
 def silu_mul(g, u) -> np.ndarray:
     """The gated MLP's activation."""
     return _m().silu(g) * u

@@ -34,6 +34,8 @@ ROPE = Op("rope", ("x", "cos", "sin", "y", STEP), P.Rope)
 ATTEND = Op("attend", ("q", "kv", "s", "o", STEP), P.Attend)
 CONV_STEP = Op("conv_step", ("x", "w", "ring", "y", STEP), P.ConvStep)
 DELTANET = Op("deltanet", ("mixed", "ba", "par", "prep", "state", "o", STEP), P.Deltanet)
+BIAS_ADD = Op("bias_add", ("y", "b"), P.BiasAdd)
+BIAS_ADD_ACC = Op("bias_add", ("x", "b", "y"), P.BiasAdd)
 SILU_MUL = Op("silu_mul", ("x", "y"), P.SiluMul)
 ROUTE = Op("route", ("logits", "idx", "wt"), P.Route)
 MOE_COMBINE = Op("moe_combine", ("x", "y", "wt", "sh", "gate"), P.MoeCombine)
@@ -42,7 +44,7 @@ SOFTMAX = Op("softmax", ("x", "y"), P.Softmax)          # the op tests (immediat
 FILL = Op("fill", ("x", "y"), P.Fill)
 
 OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, RMSNORM, RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP,
-       DELTANET, SILU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
+       DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
 
 
 def groups(n: int, local: int = 64) -> int:

@@ -54,7 +54,7 @@ class Dims:
                           c.linear_key_head_dim, c.linear_value_head_dim)
         return cls(H=c.hidden_size, Hp=P(c.hidden_size), V=c.vocab_size, nh=c.num_attention_heads,
                    nkv=c.num_key_value_heads, hd=c.head_dim,
-                   qw=c.head_dim * (2 if c.model_type == "qwen3_next" else 1),
+                   qw=c.head_dim * (2 if c.attn_gate else 1),
                    nk=nk, nv=nv, dk=dk, dv=dv, K=c.linear_conv_kernel_dim, cd=2 * nk * dk + nv * dv,
                    E=c.num_experts, k=max(c.num_experts_per_tok, 1))
 
@@ -91,7 +91,7 @@ def rows(parts: list[QWeight]) -> int:
 
 def fuse(lw: LayerW) -> HostLayer:
     m = lw.mixer
-    mix = [m.q, m.k, m.v] if lw.kind == "full_attention" else [m.qkvz, m.ba]
+    mix = [m.q, m.k, m.v] if lw.kind == "full_attention" else list(m.proj)
     out = [m.o if lw.kind == "full_attention" else m.out]
     f = lw.ffn
     if isinstance(f, MoeW):
@@ -126,6 +126,8 @@ class AttnMixer:
     k_norm: object
     kc: object                       # KV cache, (ctx, nkv, hd) each
     vc: object
+    bias: object = None              # the fused q|k|v rows' biases
+    o_bias: object = None
 
 
 @dataclass
@@ -301,10 +303,12 @@ class Layout:
         m = lw.mixer
         if lw.kind == "full_attention":
             n = self.ctx * d.nkv * d.hd
-            mixer = AttnMixer(m.gated,
-                              up.array(f"weights:{p}.q_norm", m.q_norm) if m.q_norm is not None else None,
-                              up.array(f"weights:{p}.k_norm", m.k_norm) if m.k_norm is not None else None,
-                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n))
+
+            def vec(name, a):
+                return None if a is None else up.array(f"weights:{p}.{name}", a)
+            mixer = AttnMixer(m.gated, vec("q_norm", m.q_norm), vec("k_norm", m.k_norm),
+                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n),
+                              vec("qkv_bias", m.qkv_bias), vec("o_bias", m.o_bias))
         else:
             mixer = DeltaMixer(up.array(f"weights:{p}.conv", m.conv),
                                up.array(f"weights:{p}.dt_bias_a",

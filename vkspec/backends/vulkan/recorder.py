@@ -80,6 +80,14 @@ class Recorder:
         else:
             self.rec.op(G.RMSNORM_GATED, "gated", groups(rows), push, x=x, w=w, y=y, z=z)
 
+    def bias_add(self, y, b, rows, n, y_off=0, y_stride=0, x=None, x_off=0, x_stride=0):
+        """y += b row by row, or with x (the acc variant) y += x + b."""
+        push = P.BiasAdd(rows=rows, n=n, x_off=x_off, x_stride=x_stride, y_off=y_off, y_stride=y_stride)
+        if x is None:
+            self.rec.op(G.BIAS_ADD, "inplace", groups(rows * n), push, y=y, b=b)
+        else:
+            self.rec.op(G.BIAS_ADD_ACC, "acc", groups(rows * n), push, x=x, b=b, y=y)
+
     # --- a whole pass -------------------------------------------------------------
     def record(self, kind: str, n: int, bucket: int, last: bool, listed: int = 0):
         """The sequence of one shape: (segments, logits tensor, picks tensor)."""
@@ -131,6 +139,8 @@ class Recorder:
         nh, nkv, hd, qw = d.nh, d.nkv, d.hd, d.qw
         Pw = L.mix.rows
         self.gemv(L.mix, s.h, s.proj, n, x_stride=d.Hp)
+        if a.bias is not None:
+            self.bias_add(s.proj, a.bias, n, Pw, y_stride=Pw)
         if a.q_norm is not None:
             self.rmsnorm(s.proj, a.q_norm, s.qn, n * nh, hd, group=nh, x_stride=Pw,
                          x_inner=qw, y_stride=nh * hd, y_inner=hd)
@@ -167,7 +177,11 @@ class Recorder:
                     P.Attend(q_stride=Pw, q_hstride=qw, gate_off=first * Pw + hd, o_stride=padded(nh * hd),
                              **common),
                     q=s.proj, kv=a.vc, s=s.scores, o=s.attn_o, step=step)
-        self.gemv(L.out, s.attn_o, x, n, x_stride=padded(nh * hd), y_off=first * d.Hp, y_stride=d.Hp, acc=True)
+        if a.o_bias is None:
+            self.gemv(L.out, s.attn_o, x, n, x_stride=padded(nh * hd), y_off=first * d.Hp, y_stride=d.Hp, acc=True)
+        else:                                        # x + (W a + b), in the CPU's order
+            self.gemv(L.out, s.attn_o, s.sh, n, x_stride=padded(nh * hd), y_stride=d.H)
+            self.bias_add(x, a.o_bias, n, d.H, y_off=first * d.Hp, y_stride=d.Hp, x=s.sh, x_stride=d.H)
 
     def deltanet(self, L: Layer, x, n, step):
         d, s, m = self.d, self.s, L.mixer
