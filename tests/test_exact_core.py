@@ -10,7 +10,7 @@ import pytest
 from vkspec import exact
 from vkspec.formats.matrix import dequantize, f32 as as_f32, from_array
 from vkspec.formats.quant import quantize
-from vkspec.backends.cpu import jit as cpu_jit, jit_math as cpu_jit_math, ops as cpu_ops
+from vkspec.backends.cpu import jit as cpu_jit, jit_blocks as cpu_jit_blocks, jit_math as cpu_jit_math, ops as cpu_ops
 from vkspec.selftest import inputs, same_bits
 
 from conftest import bits_equal
@@ -182,7 +182,7 @@ def test_compiled_gemv_is_the_numpy_definition(shape):
 
 
 def test_compiled_gemv_has_no_fused_multiply_add():
-    asm = cpu_jit.machine_code()
+    asm = cpu_jit_blocks.machine_code()
     assert "mulps" in asm or "mulss" in asm
     assert all(f"vkspec_dot{r}:" in asm for r in range(1, 9))   # the IR kernels are read too
     for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
@@ -338,7 +338,7 @@ for fmt in ("q4_k", "int8"):
     for n in (1, 5, 9):
         if jit_blocks.gemv(w, x[:n]).tobytes() != exact.gemv(dequantize(w), x[:n]).tobytes():
             bad.append((fmt, n))
-asm = jit.machine_code()
+asm = jit_blocks.machine_code()
 print(json.dumps({"isa": jit_dot.ISA, "bad": bad, "asm": asm}))
 """
 

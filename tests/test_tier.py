@@ -111,7 +111,7 @@ def test_plan_matches_allocations(vk, moe_dir, budget, snapshots):
     cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
     formula = 3 * ((c.linear_conv_kernel_dim - 1) * cd + c.linear_num_value_heads * c.linear_key_head_dim
                    * c.linear_value_head_dim) * 4
-    region = sum((r.ring.size() + r.ssm.size()) * 4 // m.regions for r in m.states.recurrent)
+    region = sum((r.ring.n + r.ssm.n) * 4 // m.regions for r in m.states.recurrent)
     assert d["copy_slot_bytes"] == formula == region
     assert d["copy_slots_bytes"] == snapshots * formula
 

@@ -29,6 +29,7 @@ layout(push_constant) uniform Push {
     uint o_off;
     uint o_stride;
     float scale;
+    uint kv_off;    // the layer's first float of the cache arena
 } p;
 
 uint kvh(uint h) { return h / (p.heads / p.kv_heads); }
@@ -75,7 +76,7 @@ void main() {
     uint l = gl_GlobalInvocationID.x;
     if (l >= len) return;
     qb = r * p.q_stride + h * p.q_hstride;
-    kb = (l * p.kv_heads + kvh(h)) * p.hd;
+    kb = p.kv_off + (l * p.kv_heads + kvh(h)) * p.hd;
     precise float dot_;
     X_REDUCE_ROW(dot_, x_padded(p.hd), qk4);
     precise float v = dot_ * p.scale;
@@ -95,7 +96,7 @@ void main() {
 #elif defined(OUT)
     uint d = gl_GlobalInvocationID.x;
     if (d >= p.hd) return;
-    vcol = kvh(h) * p.hd + d;
+    vcol = p.kv_off + kvh(h) * p.hd + d;
     precise float v;
     X_REDUCE_ROW(v, x_padded(len), pv4);
 #ifdef GATED

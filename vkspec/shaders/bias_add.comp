@@ -22,6 +22,7 @@ layout(push_constant) uniform Push {
     uint x_stride;
     uint y_off;
     uint y_stride;
+    uint b_off;     // the bias in the vectors arena
 } p;
 
 void main() {
@@ -30,11 +31,11 @@ void main() {
     uint r = i / p.n, c = i % p.n;
     uint yi = p.y_off + r * p.y_stride + c;
 #ifdef ACC
-    precise float v = x[p.x_off + r * p.x_stride + c] + b[c];
+    precise float v = x[p.x_off + r * p.x_stride + c] + b[p.b_off + c];
     precise float s = y[yi] + v;
     y[yi] = s;
 #else
-    precise float v = y[yi] + b[c];
+    precise float v = y[yi] + b[p.b_off + c];
     y[yi] = v;
 #endif
 }

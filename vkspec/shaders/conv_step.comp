@@ -24,23 +24,25 @@ layout(push_constant) uniform Push {
     uint k;         // kernel taps
     uint x_stride;
     uint y_stride;
+    uint w_off;     // the layer's kernel in the vectors arena
+    uint r_off;     // the layer's ring in the ring arena
 } p;
 
 void main() {
     uint c = gl_GlobalInvocationID.x;
     if (c >= p.channels) return;
-    uint region = (p.k - 1u) * p.channels;
+    uint region = (p.k - 1u) * p.channels, rb = p.r_off;
     float win[MAX_K];
-    for (uint t = 0u; t + 1u < p.k; t++) win[t] = ring[step.live * region + t * p.channels + c];
+    for (uint t = 0u; t + 1u < p.k; t++) win[t] = ring[rb + step.live * region + t * p.channels + c];
     for (uint r = 0u; r < p.rows; r++) {
         win[p.k - 1u] = x[r * p.x_stride + c];
         precise float acc = 0.0;
-        for (uint t = 0u; t < p.k; t++) acc = acc + w[c * p.k + t] * win[t];
+        for (uint t = 0u; t < p.k; t++) acc = acc + w[p.w_off + c * p.k + t] * win[t];
         y[r * p.y_stride + c] = x_silu(acc);
         for (uint t = 0u; t + 1u < p.k; t++) win[t] = win[t + 1u];
         uint sl = step.slot[r];
         if (sl != NO_SLOT) {
-            for (uint t = 0u; t + 1u < p.k; t++) ring[sl * region + t * p.channels + c] = win[t];
+            for (uint t = 0u; t + 1u < p.k; t++) ring[rb + sl * region + t * p.channels + c] = win[t];
         }
     }
 }

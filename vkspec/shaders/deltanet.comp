@@ -36,6 +36,8 @@ layout(push_constant) uniform Push {
     uint o_stride;
     float scale;    // dk ** -0.5
     float eps;      // l2norm's
+    uint p_off;     // the layer's dt_bias | -exp(A_log) in the vectors arena
+    uint s_off;     // the layer's state in the ssm arena
 } p;
 
 uint pw() { return 2u * p.nk * p.dk + 2u * p.nv; }   // prep floats per row
@@ -81,8 +83,8 @@ void main() {
     } else {                        // value head h
         uint h = j - 2u * p.nk;
         float b = ba[p.ba_off + r * p.ba_stride + h];
-        precise float a = ba[p.ba_off + r * p.ba_stride + p.nv + h] + par[h];
-        precise float g = par[p.nv + h] * x_softplus(a);
+        precise float a = ba[p.ba_off + r * p.ba_stride + p.nv + h] + par[p.p_off + h];
+        precise float g = par[p.p_off + p.nv + h] * x_softplus(a);
         prep[pb + 2u * p.nk * p.dk + h] = x_sigmoid(b);
         prep[pb + 2u * p.nk * p.dk + p.nv + h] = x_exp(g);
     }
@@ -93,7 +95,7 @@ void main() {
     uint kh = h / (p.nv / p.nk);
     uint region = p.nv * p.dk * p.dv;
     uint sb = h * p.dk * p.dv + j;              // S[h, t, j] = state[.. + t * dv]
-    for (uint t = 0u; t < p.dk; t++) col[t] = state[step.live * region + sb + t * p.dv];
+    for (uint t = 0u; t < p.dk; t++) col[t] = state[p.s_off + step.live * region + sb + t * p.dv];
     for (uint r = 0u; r < p.rows; r++) {
         uint pb = r * pw();
         float beta = prep[pb + 2u * p.nk * p.dk + h];
@@ -117,7 +119,7 @@ void main() {
         o[r * p.o_stride + h * p.dv + j] = out_;
         uint sl = step.slot[r];
         if (sl != NO_SLOT) {
-            for (uint t = 0u; t < p.dk; t++) state[sl * region + sb + t * p.dv] = col[t];
+            for (uint t = 0u; t < p.dk; t++) state[p.s_off + sl * region + sb + t * p.dv] = col[t];
         }
     }
 #endif

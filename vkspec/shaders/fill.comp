@@ -1,7 +1,9 @@
 #version 450
 // variants: zero=ZERO copy=COPY
 // Device memory moves without arithmetic: zero n words, or copy n words
-// (fresh state; moving live recurrent state into a grown buffer).
+// (fresh state; moving live recurrent state into a grown buffer; uploads and
+// readbacks through their staging buffers). Each invocation strides over the
+// words, so one dispatch size (one pipeline per pair of buffers) serves any n.
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) writeonly buffer Y { uint y[]; };
@@ -12,11 +14,12 @@ layout(push_constant) uniform Push {
 } p;
 
 void main() {
-    uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * 65535u * 64u;
-    if (i >= p.n) return;
+    uint stride = gl_NumWorkGroups.x * 64u;
+    for (uint i = gl_GlobalInvocationID.x; i < p.n; i += stride) {
 #ifdef ZERO
-    y[p.y_off + i] = 0u;
+        y[p.y_off + i] = 0u;
 #else
-    y[p.y_off + i] = x[p.x_off + i];
+        y[p.y_off + i] = x[p.x_off + i];
 #endif
+    }
 }

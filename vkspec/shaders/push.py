@@ -44,6 +44,7 @@ class Attend:
     o_off: u32 = 0
     o_stride: u32 = 0
     scale: f32
+    kv_off: u32 = 0        # the layer's first float of the cache arena
 
 
 @dataclass(kw_only=True)
@@ -54,6 +55,7 @@ class BiasAdd:
     x_stride: u32 = 0
     y_off: u32 = 0
     y_stride: u32
+    b_off: u32 = 0         # the bias in the vectors arena
 
 
 @dataclass(kw_only=True)
@@ -63,6 +65,8 @@ class ConvStep:
     k: u32                 # kernel taps
     x_stride: u32
     y_stride: u32
+    w_off: u32 = 0         # the layer's kernel in the vectors arena
+    r_off: u32 = 0         # the layer's ring in the ring arena
 
 
 @dataclass(kw_only=True)
@@ -84,6 +88,8 @@ class Deltanet:
     o_stride: u32
     scale: f32             # dk ** -0.5
     eps: f32               # the L2 norm's
+    p_off: u32 = 0         # the layer's dt_bias | -exp(A_log) in the vectors arena
+    s_off: u32 = 0         # the layer's state in the ssm arena
 
 
 @dataclass(kw_only=True)

@@ -151,9 +151,5 @@ def machine_code() -> str:
     rows_ = njit(**opts)(_weighted_rows.py_func)
     rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
           np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
-    from . import jit_blocks
-    blocks_ = njit(**opts)(jit_blocks._gemv.py_func)      # every format's decoder is inlined in it
-    blocks_(3, np.zeros((BLOCK, 144), np.uint8), np.zeros((BLOCK, 1), np.float32),
-            np.zeros((2, 256), np.float32), np.empty((2, BLOCK), np.float32))
     return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values())
-                     + list(blocks_.inspect_asm().values()) + [jit_dot.machine_code()])
+                     + [jit_dot.machine_code()])

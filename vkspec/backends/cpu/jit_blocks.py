@@ -307,3 +307,12 @@ def decode(w) -> np.ndarray:
     for m in range(w.data.shape[0]):
         decode_row(code, w.data[m], sc[m], w.cols, out[m])
     return out
+
+
+def machine_code() -> str:
+    """Every CPU kernel's assembly (jit.machine_code) and the block GEMV's,
+    whose every format's decoder is inlined, compiled afresh."""
+    gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
+    gemv_(3, np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F),
+          np.zeros((2, 256), F), np.empty((2, jit.BLOCK), F))
+    return "\n".join([jit.machine_code()] + list(gemv_.inspect_asm().values()))

@@ -14,6 +14,7 @@ handled once:
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from ...shaders import push as push_structs
 from ...shaders.spirv import Reflection, reflect
 
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
+FILL_GROUPS = 1024          # workgroups of a fill; each invocation strides over the words
+READ_WORDS = 1 << 18        # the readback buffer (1 MiB)
+FILL_CACHE = 256            # fill algorithms kept (the chain's arenas need a few dozen)
 
 
 class DeviceError(RuntimeError):
@@ -84,6 +88,10 @@ class Device:
             raise DeviceError(f"no Vulkan device {index}: {e}") from None
         props = self.mgr.get_device_properties()
         self.name = props.get("device_name", "?")
+        # (variant, src id, dst id) -> (algorithm, src, dst): the entry holds its
+        # tensors, so an id cannot be reused by another tensor while cached
+        self._fills: OrderedDict = OrderedDict()
+        self._readback = None
         self.denormals = probe_denormals(self)
         if self.denormals != "preserve":
             raise DeviceError(
@@ -125,25 +133,46 @@ class Device:
         return t
 
     def record_fill(self, seq, src, dst, n: int, src_off: int = 0, dst_off: int = 0):
-        """Record a word copy src[src_off:+n] -> dst[dst_off:+n], or zeros when src is None."""
-        shader = load_shader("fill", "zero" if src is None else "copy")
-        groups = -(-n // 64)
-        wg = (min(groups, 65535), -(-groups // 65535), 1)
-        algo = self.algorithm(shader, [dst if src is None else src, dst], wg,
-                              push_structs.Fill(n=n, x_off=src_off, y_off=dst_off))
-        seq.record(self.kp.OpAlgoDispatch(algo))
+        """Record a word copy src[src_off:+n] -> dst[dst_off:+n], or zeros when
+        src is None. One algorithm per (src, dst) pair serves every n and
+        offset (the shader strides over n), so moving memory builds no new
+        pipelines after the first use."""
+        variant = "zero" if src is None else "copy"
+        key = (variant, id(src), id(dst))
+        if key in self._fills:
+            self._fills.move_to_end(key)
+            algo = self._fills[key][0]
+        else:
+            size = dst.size() if src is None else min(src.size(), dst.size())
+            groups = max(1, min(FILL_GROUPS, -(-size // 64)))
+            algo = self.algorithm(load_shader("fill", variant), [dst if src is None else src, dst], groups,
+                                  push_structs.Fill(n=0))
+            self._fills[key] = (algo, src, dst)
+            if len(self._fills) > FILL_CACHE:
+                self._fills.popitem(last=False)
+        seq.record(self.kp.OpAlgoDispatch(
+            algo, load_shader("fill", variant).pack(push_structs.Fill(n=n, x_off=src_off, y_off=dst_off))))
         return algo
 
+    def forget(self, t):
+        """t is going: the fills bound to it go first."""
+        for k in [k for k in self._fills if id(t) in k[1:]]:
+            del self._fills[k]
+
     def read(self, t, offset: int, n: int, dtype=np.float32) -> np.ndarray:
-        """Words offset..offset+n of any tensor, through a temporary staging tensor."""
-        out = self.mgr.tensor_t(np.zeros(max(n, 1), dtype=dtype), self.kp.TensorTypes.device)
-        seq = self.sequence()
-        self.record_fill(seq, t, out, n, src_off=offset)
-        seq.record(self.kp.OpTensorSyncLocal([out]))
-        seq.eval()
-        data = out.data().copy()[:n]
-        out.destroy()
-        return data
+        """Words offset..offset+n of any tensor, through one host-visible
+        readback buffer (READ_WORDS at a time)."""
+        if self._readback is None:
+            self._readback = self.mgr.tensor_t(np.zeros(READ_WORDS, np.uint32), self.kp.TensorTypes.device)
+        out = np.empty(n, np.uint32)
+        for at in range(0, n, READ_WORDS):
+            m = min(READ_WORDS, n - at)
+            seq = self.sequence()
+            self.record_fill(seq, t, self._readback, m, src_off=offset + at)
+            seq.record(self.kp.OpTensorSyncLocal([self._readback]))
+            seq.eval()
+            out[at:at + m] = self._readback.data()[:m]
+        return out.view(np.dtype(dtype))
 
     # --- algorithms ------------------------------------------------------
     def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None):

@@ -252,12 +252,13 @@ class Layout:
         d, words = self.dims, step_block().words
         cos, sin = rope_tables(self.cfg, self.ctx)
         zero = np.zeros(1, np.float32)
-        embed = up.weight("weights:embed", [self.w.embed])
+        embed = up.weight("weights:embed", [self.w.embed], arena=False)
         tied = self.w.lm_head is self.w.embed          # one tensor in the file: one on the device
-        b = Buffers(embed=embed, head=embed if tied else up.weight("weights:lm_head", [self.w.lm_head]),
+        b = Buffers(embed=embed, head=embed if tied else up.weight("weights:lm_head", [self.w.lm_head],
+                                                                   arena=False),
                     cos=up.array("rope:cos", cos if cos.size else zero),
                     sin=up.array("rope:sin", sin if sin.size else zero),
-                    norm=up.array("weights:norm", self.w.norm), layers=[],
+                    norm=up.vector("weights:norm", self.w.norm), layers=[],
                     scratch=Scratch(**{name: up.zeros(f"scratch:{name}", words,
                                                       np.uint32 if name == "ridx" else np.float32,
                                                       "device" if name in HOST_VISIBLE else "storage")
@@ -268,9 +269,9 @@ class Layout:
         if self.w.mtp:
             m = self.w.mtp
             b.fc = up.weight("weights:mtp.fc", [m.fc])
-            b.norm_emb = up.array("weights:mtp.norm_emb", m.norm_emb)
-            b.norm_hidden = up.array("weights:mtp.norm_hidden", m.norm_hidden)
-            b.mtp_norm = up.array("weights:mtp.norm", m.norm)
+            b.norm_emb = up.vector("weights:mtp.norm_emb", m.norm_emb)
+            b.norm_hidden = up.vector("weights:mtp.norm_hidden", m.norm_hidden)
+            b.mtp_norm = up.vector("weights:mtp.norm", m.norm)
             b.ids = up.zeros("scratch:mtp_ids", d.V, np.uint32, "device")
         moe_i = 0
         for i, host in enumerate(self.host):
@@ -305,19 +306,18 @@ class Layout:
             n = self.ctx * d.nkv * d.hd
 
             def vec(name, a):
-                return None if a is None else up.array(f"weights:{p}.{name}", a)
+                return None if a is None else up.vector(f"weights:{p}.{name}", a)
             mixer = AttnMixer(m.gated, vec("q_norm", m.q_norm), vec("k_norm", m.k_norm),
-                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n),
+                              up.span(f"kv:{p}.k", n, "kv"), up.span(f"kv:{p}.v", n, "kv"),
                               vec("qkv_bias", m.qkv_bias), vec("o_bias", m.o_bias))
         else:
-            mixer = DeltaMixer(up.array(f"weights:{p}.conv", m.conv),
-                               up.array(f"weights:{p}.dt_bias_a",
-                                        np.concatenate([m.dt_bias, m.neg_exp_a]).astype(np.float32)),
-                               up.array(f"weights:{p}.norm", m.norm),
-                               up.zeros(f"state:{p}.conv", regions * (d.K - 1) * d.cd),
-                               up.zeros(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv))
-        return Layer(i, up.array(f"weights:{p}.in_norm", lw.in_norm),
-                     up.array(f"weights:{p}.post_norm", lw.post_norm),
+            mixer = DeltaMixer(up.vector(f"weights:{p}.conv", m.conv),
+                               up.vector(f"weights:{p}.dt_bias_a", np.concatenate([m.dt_bias, m.neg_exp_a])),
+                               up.vector(f"weights:{p}.norm", m.norm),
+                               up.span(f"state:{p}.conv", regions * (d.K - 1) * d.cd, "ring"),
+                               up.span(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv, "ssm"))
+        return Layer(i, up.vector(f"weights:{p}.in_norm", lw.in_norm),
+                     up.vector(f"weights:{p}.post_norm", lw.post_norm),
                      up.weight(f"weights:{p}.mix", host.mix), up.weight(f"weights:{p}.out", host.out),
                      mixer, ffn)
 

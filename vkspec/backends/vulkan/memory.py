@@ -6,6 +6,13 @@ only counts (:meth:`Uploader.dry`), so the plan cannot drift from what is
 allocated, and a model that does not fit the budget or a device limit fails
 with one line before the first tensor is made.
 
+Tensors of the same kind from every layer share **arenas** (one buffer per
+kind up to the largest storage buffer, :class:`Span` a piece of one): the
+weights' bytes, their scales, the norm vectors, the KV cache, the recurrent
+state. A shader then binds the same buffers at every layer and takes the
+layer's offset in its push constants, so one pipeline serves all layers
+(Lavapipe compiles every pipeline with LLVM: ~1 MiB and ~0.1 s each).
+
 Limits kp cannot query: the largest storage buffer (Vulkan guarantees 128 MiB,
 Lavapipe reports exactly that; VKSPEC_MAX_BUFFER_MB overrides it) and the
 memory to use (``budget_gb``, from ``--device-gb`` or VKSPEC_DEVICE_GB).
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ... import pages
 from ...errors import VkspecError
 from ...formats.matrix import FORMATS, QWeight
 
@@ -61,8 +69,10 @@ class DevPart:
     fmt: str
     row_bytes: int
     s_stride: int         # scales per row (0: none outside the data)
-    data: object          # kp tensor: the rows' bytes
-    scales: object        # kp tensor (one float when there are none)
+    data: object          # kp tensor holding the rows' bytes from byte w_off
+    scales: object        # kp tensor holding the scales from float s_off
+    w_off: int = 0
+    s_off: int = 0
 
     @property
     def variant(self) -> str:
@@ -84,6 +94,43 @@ class DevWeight:
         return self.parts[0]
 
 
+@dataclass(eq=False)
+class Span:
+    """Words off..off+n of the arena tensor t: one layer's piece of a buffer
+    the layers share."""
+    t: object
+    off: int
+    n: int
+
+
+ALIGN_WORDS = 4               # spans start on 16 bytes (vec4 and block reads)
+# arena kinds: word type, made zero (the rest is written whole before use)
+ARENA_KINDS = {"weights": (np.uint32, False), "scales": (np.float32, False),
+               "vectors": (np.float32, False), "kv": (np.float32, True),
+               "ring": (np.float32, True), "ssm": (np.float32, True)}
+
+
+def _aligned(words: int) -> int:
+    return -(-max(int(words), 1) // ALIGN_WORDS) * ALIGN_WORDS
+
+
+def pack(sizes: list[int], limit_words: int) -> list[int]:
+    """The arenas (their words) that spans of these sizes fill, in order,
+    each arena closed when the next span does not fit."""
+    arenas: list[int] = []
+    for w in sizes:
+        w = _aligned(w)
+        if not arenas or arenas[-1] + w > limit_words:
+            arenas.append(0)
+        arenas[-1] += w
+    return arenas
+
+
+class _Arena:
+    def __init__(self, t, cap: int):
+        self.t, self.cap, self.used, self.live = t, cap, 0, 0
+
+
 STAGING_MAX = 4 << 20         # host-visible bytes every upload goes through
 
 
@@ -99,13 +146,15 @@ class Uploader:
     the memory plan. ``fail_after`` injects an allocation failure (tests),
     after that many more tensors."""
 
-    def __init__(self, dev):
+    def __init__(self, dev, arenas: dict[str, list[int]] | None = None):
         self.dev = dev
         self.fail_after: int | None = None
         self.made: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._staging = None
-        self._copies: dict = {}
+        self._planned = {k: list(v) for k, v in (arenas or {}).items()}   # kind -> arena words
+        self._arenas: dict[str, list[_Arena]] = {}
+        self._span_arena: dict[int, _Arena] = {}
 
     @classmethod
     def dry(cls) -> "Uploader":
@@ -117,6 +166,53 @@ class Uploader:
 
     def plan(self) -> Plan:
         return Plan(list(self.made.items()))
+
+    def arena_sizes(self) -> dict[str, list[int]]:
+        """kind -> words of each arena, as a dry run packed them: the real
+        uploader given these makes each arena once at its final size."""
+        return {k: [a.used for a in v] for k, v in self._arenas.items()}
+
+    def plan_arenas(self, kind: str, sizes: list[int]):
+        """Spans of these sizes will come next in a kind of their own."""
+        self._planned[kind] = pack(sizes, max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS)
+
+    def span(self, name: str, words: int, kind: str) -> Span:
+        """`words` words for `name` in an arena of its kind (ARENA_KINDS; a
+        kind "ring@4" is a generation of "ring")."""
+        dtype, zeroed = ARENA_KINDS[kind.split("@")[0]]
+        need, limit = _aligned(words), max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS
+        if need > limit and self.dev is not None:     # a dry run's Plan.check names it
+            raise VkspecError(f"{name} needs one {need * 4 / 2**20:.2f} MiB device buffer, over the "
+                              f"device's largest storage buffer ({limit * 4 / 2**20:.2f} MiB; "
+                              "VKSPEC_MAX_BUFFER_MB)")
+        if name in self.made:
+            raise ValueError(f"device tensor {name} made twice")
+        self._tick()
+        arenas = self._arenas.setdefault(kind, [])
+        a = arenas[-1] if arenas else None
+        if a is None or a.used + need > a.cap:
+            planned = self._planned.get(kind, [])
+            cap = max(limit, need) if self.dev is None else (planned[len(arenas)] if len(arenas) < len(planned)
+                                                             else need)
+            t = None
+            if self.dev is not None:
+                t = self.dev.zeros(cap, dtype) if zeroed else self.dev.storage(cap, dtype)
+            a = _Arena(t, cap)
+            arenas.append(a)
+        sp = Span(a.t, a.used, int(words))
+        a.used += need
+        a.live += 1
+        self.made[name] = need * 4
+        self._names[id(sp)] = name
+        self._span_arena[id(sp)] = a
+        return sp
+
+    def vector(self, name: str, a: np.ndarray) -> Span:
+        """A small float32 array (a norm, a conv kernel) in the vectors arena."""
+        a = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+        sp = self.span(name, a.size, "vectors")
+        self.write(sp.t, sp.off, a)
+        return sp
 
     def _tick(self):
         if self.fail_after is not None:
@@ -148,8 +244,24 @@ class Uploader:
         return t
 
     def release(self, t):
+        """A tensor or a span; an arena goes when its last span does."""
         name = self._names.pop(id(t))
         del self.made[name]
+        if isinstance(t, Span):
+            a = self._span_arena.pop(id(t))
+            a.live -= 1
+            if a.live == 0:
+                for arenas in self._arenas.values():
+                    if a in arenas:
+                        arenas.remove(a)
+                if a.t is not None:
+                    self._destroy(a.t)
+            return
+        self._destroy(t)
+
+    def _destroy(self, t):
+        if self.dev is not None:
+            self.dev.forget(t)
         t.destroy()
 
     def name_of(self, t) -> str:
@@ -182,23 +294,18 @@ class Uploader:
         st = self._stage()
         if self.dev is None:
             return
-        from ...shaders.push import Fill
-        from .device import load_shader
-        kp = self.dev.kp
-        key = id(t)
-        if key not in self._copies:
-            self._copies[key] = self.dev.record_fill(self.dev.sequence(), st, t, words)
-        push = load_shader("fill", "copy").pack(Fill(n=words, x_off=0, y_off=dst_off))
         seq = self.dev.sequence()
-        seq.record(kp.OpTensorSyncDevice([st]))
-        seq.record(kp.OpAlgoDispatch(self._copies[key], push))
+        seq.record(self.dev.kp.OpTensorSyncDevice([st]))
+        self.dev.record_fill(seq, st, t, words, dst_off=dst_off)
         seq.eval()
 
     # --- weights -------------------------------------------------------------------------
-    def weight(self, name: str, parts: list[QWeight]) -> DevWeight:
+    def weight(self, name: str, parts: list[QWeight], arena: bool = True) -> DevWeight:
         """Weights whose rows follow one another (q|k|v, every expert's
-        gate|up ...) as one device matrix, each run of one format in one buffer
-        (split where it would exceed the largest buffer); rows in logical order."""
+        gate|up ...) as one device matrix, each run of one format in one span
+        of the weights arena (split where it would exceed the largest
+        buffer); rows in logical order. ``arena`` False: buffers of its own
+        (the embedding table and the lm_head, which one pipeline reads)."""
         cols = parts[0].cols
         assert all(p.cols == cols for p in parts)
         runs, row = [], 0
@@ -211,29 +318,39 @@ class Uploader:
         for run in runs:
             for first, pieces in _split(run, max_buffer_bytes()):
                 out.append(self._part(f"{name}" + (f".{len(out)}" if len(runs) > 1 or out else ""),
-                                      row + first, pieces))
+                                      row + first, pieces, arena))
             row += sum(p.rows for p in run)
         return DevWeight(row, cols, out)
 
-    def _part(self, name: str, first_row: int, pieces: list[QWeight]) -> DevPart:
+    def _part(self, name: str, first_row: int, pieces: list[QWeight], arena: bool) -> DevPart:
         f = pieces[0]
         rows = sum(p.rows for p in pieces)
-        data = self._made(name, -(-rows * f.row_bytes // 4),
-                          lambda: self.dev.storage(-(-rows * f.row_bytes // 4), np.uint32))
-        stream = Stream(self, data, 0)
+        words = -(-rows * f.row_bytes // 4)
+        if arena:
+            span = self.span(name, words, "weights")
+            data, w_off = span.t, span.off
+        else:
+            data, w_off = self._made(name, words, lambda: self.dev.storage(words, np.uint32)), 0
+        stream = Stream(self, data, w_off)
         for p in pieces:
             chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
             for r0 in range(0, p.rows, chunk):
                 r1 = min(p.rows, r0 + chunk)
                 stream.add(p.data[p.stored(slice(r0, r1))].reshape(-1))
         stream.close()
+        if self.dev is not None:
+            for p in pieces:               # on the device now: the file's pages can go
+                pages.drop(p.data)
         s_stride = f.scales_per_row
-        if s_stride:
-            sc = np.concatenate([p.scales[p.stored(slice(0, p.rows))] for p in pieces]).astype(np.float32)
-            scales = self.array(f"{name}.scales", sc)
+        sc = (np.concatenate([p.scales[p.stored(slice(0, p.rows))] for p in pieces]).astype(np.float32)
+              if s_stride else np.zeros(1, np.float32))
+        if arena:
+            span = self.span(f"{name}.scales", sc.size, "scales")
+            scales, s_off = span.t, span.off
+            self.write(scales, s_off, sc)
         else:
-            scales = self.zeros(f"{name}.scales", 1)
-        return DevPart(first_row, rows, f.fmt, f.row_bytes, s_stride, data, scales)
+            scales, s_off = self.array(f"{name}.scales", sc), 0
+        return DevPart(first_row, rows, f.fmt, f.row_bytes, s_stride, data, scales, 4 * w_off, s_off)
 
 
 class Stream:

@@ -33,7 +33,6 @@ class VulkanModel:
 
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
                  budget_gb: float | None = None, tier=None):
-        from ...tier.resident import ExpertTier
         self.cfg = cfg
         self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
         from ...shaders.limits import check
@@ -41,11 +40,16 @@ class VulkanModel:
         if problems:
             raise VkspecError(f"{cfg.source}: {problems[0]}; run it with --backend cpu")
         self.layout = Layout(cfg, w, self.ctx)
-        self.tier = ExpertTier(self.layout, tier) if tier is not None else None
-        self.plan = self.planned_from(self.layout, self.tier)
+        self.tier = None
+        if tier is not None:                 # the tier computes on the CPU: numba only then
+            from ...tier.resident import ExpertTier
+            self.tier = ExpertTier(self.layout, tier)
+        dry = Uploader.dry()
+        self.layout.allocate(dry, tier=self.tier)
+        self.plan = dry.plan()
         self.plan.check(budget_bytes(budget_gb))
         self.dev = get_device()
-        self.up = Uploader(self.dev)
+        self.up = Uploader(self.dev, arenas=dry.arena_sizes())
         self.b = self.layout.allocate(self.up, tier=self.tier)
         self.states = DeviceStates(self.dev, self.up, self.layout, self.b)
         self.recorder = Recorder(self.layout, self.b, self.dev, self.up, self.tier)

@@ -40,7 +40,7 @@ class Recorder:
         common = dict(cols=w.cols, nvec=rows, x_off=x_off, x_stride=x_stride or padded(w.cols),
                       y_stride=m if y_stride is None else y_stride)
         for part in w.parts:
-            fmt = dict(row_bytes=part.row_bytes, s_stride=part.s_stride)
+            fmt = dict(row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off)
             if row_of is not None:
                 assert not acc
                 self.rec.op(G.GEMV_ROWMAP, part.variant + "_rowmap", groups(m),
@@ -55,7 +55,7 @@ class Recorder:
     def routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
         part = w.single
         push = P.Gemv(rows=per_expert_rows, cols=w.cols, nvec=pairs, x_stride=x_stride, y_stride=y_stride,
-                      row_bytes=part.row_bytes, s_stride=part.s_stride,
+                      row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off,
                       w_expert=per_expert_rows * part.row_bytes, s_expert=per_expert_rows * part.s_stride,
                       x_div=x_div, idx_off=idx_off)
         self.rec.op(G.GEMV_ROUTED, part.variant + "_routed", (groups(per_expert_rows), pairs), push,
@@ -74,19 +74,20 @@ class Recorder:
                 y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
         push = P.Rmsnorm(rows=rows, n=n, group=group, x_off=x_off, x_stride=x_stride, x_inner=x_inner,
                          y_off=y_off, y_stride=y_stride, y_inner=y_inner, z_off=z_off, z_stride=z_stride,
-                         z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n))
+                         z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n), w_off=w.off)
         if z is None:
-            self.rec.op(G.RMSNORM, "plain", groups(rows), push, x=x, w=w, y=y)
+            self.rec.op(G.RMSNORM, "plain", groups(rows), push, x=x, w=w.t, y=y)
         else:
-            self.rec.op(G.RMSNORM_GATED, "gated", groups(rows), push, x=x, w=w, y=y, z=z)
+            self.rec.op(G.RMSNORM_GATED, "gated", groups(rows), push, x=x, w=w.t, y=y, z=z)
 
     def bias_add(self, y, b, rows, n, y_off=0, y_stride=0, x=None, x_off=0, x_stride=0):
         """y += b row by row, or with x (the acc variant) y += x + b."""
-        push = P.BiasAdd(rows=rows, n=n, x_off=x_off, x_stride=x_stride, y_off=y_off, y_stride=y_stride)
+        push = P.BiasAdd(rows=rows, n=n, x_off=x_off, x_stride=x_stride, y_off=y_off, y_stride=y_stride,
+                         b_off=b.off)
         if x is None:
-            self.rec.op(G.BIAS_ADD, "inplace", groups(rows * n), push, y=y, b=b)
+            self.rec.op(G.BIAS_ADD, "inplace", groups(rows * n), push, y=y, b=b.t)
         else:
-            self.rec.op(G.BIAS_ADD_ACC, "acc", groups(rows * n), push, x=x, b=b, y=y)
+            self.rec.op(G.BIAS_ADD_ACC, "acc", groups(rows * n), push, x=x, b=b.t, y=y)
 
     # --- a whole pass -------------------------------------------------------------
     def record(self, kind: str, n: int, bucket: int, last: bool, listed: int = 0):
@@ -153,15 +154,15 @@ class Recorder:
             k_src = (s.proj, nh * qw, Pw, hd)
         rot = self.cfg.rotary_dim
 
-        def rope(src, dst, variant, heads, r, y_stride, rows=n, at=step):
+        def rope(src, dst, variant, heads, r, y_stride, rows=n, at=step, y_off=0):
             t, off, stride, hstride = src
             self.rec.op(G.ROPE, variant, groups(rows * heads * hd),
                         P.Rope(rows=rows, heads=heads, hd=hd, rot=r, x_off=off, x_stride=stride,
-                               x_hstride=hstride, y_stride=y_stride),
+                               x_hstride=hstride, y_off=y_off, y_stride=y_stride),
                         x=t, cos=self.b.cos, sin=self.b.sin, y=dst, step=at)
 
-        rope(k_src, a.kc, "cache", nkv, rot, nkv * hd)
-        rope((s.proj, nh * qw + nkv * hd, Pw, hd), a.vc, "cache", nkv, 0, nkv * hd)
+        rope(k_src, a.kc.t, "cache", nkv, rot, nkv * hd, y_off=a.kc.off)
+        rope((s.proj, nh * qw + nkv * hd, Pw, hd), a.vc.t, "cache", nkv, 0, nkv * hd, y_off=a.vc.off)
         first = n - 1 if last_only else 0            # the first row attended
         if last_only:
             n, step = 1, self.b.mtp_last
@@ -169,14 +170,14 @@ class Recorder:
         rope((t, off + first * stride, stride, hstride), s.qr, "rows", nh, rot, nh * hd, rows=n, at=step)
         common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.lay.ctx, scale=np.float32(hd ** -0.5))
         self.rec.op(G.ATTEND, "scores", (groups(bucket), n * nh),
-                    P.Attend(q_stride=nh * hd, q_hstride=hd, **common),
-                    q=s.qr, kv=a.kc, s=s.scores, o=s.attn_o, step=step)
+                    P.Attend(q_stride=nh * hd, q_hstride=hd, kv_off=a.kc.off, **common),
+                    q=s.qr, kv=a.kc.t, s=s.scores, o=s.attn_o, step=step)
         self.rec.op(G.ATTEND, "softmax", (1, n * nh), P.Attend(**common),
-                    q=s.qr, kv=a.kc, s=s.scores, o=s.attn_o, step=step)
+                    q=s.qr, kv=a.kc.t, s=s.scores, o=s.attn_o, step=step)
         self.rec.op(G.ATTEND, "out_gated" if a.gated else "out", (groups(hd), n * nh),
                     P.Attend(q_stride=Pw, q_hstride=qw, gate_off=first * Pw + hd, o_stride=padded(nh * hd),
-                             **common),
-                    q=s.proj, kv=a.vc, s=s.scores, o=s.attn_o, step=step)
+                             kv_off=a.vc.off, **common),
+                    q=s.proj, kv=a.vc.t, s=s.scores, o=s.attn_o, step=step)
         if a.o_bias is None:
             self.gemv(L.out, s.attn_o, x, n, x_stride=padded(nh * hd), y_off=first * d.Hp, y_stride=d.Hp, acc=True)
         else:                                        # x + (W a + b), in the CPU's order
@@ -188,12 +189,14 @@ class Recorder:
         Pw = L.mix.rows
         self.gemv(L.mix, s.h, s.proj, n, x_stride=d.Hp)
         self.rec.op(G.CONV_STEP, None, groups(d.cd),
-                    P.ConvStep(rows=n, channels=d.cd, k=d.K, x_stride=Pw, y_stride=d.cd),
-                    x=s.proj, w=m.conv_w, ring=m.ring, y=s.mixed, step=step)
+                    P.ConvStep(rows=n, channels=d.cd, k=d.K, x_stride=Pw, y_stride=d.cd,
+                               w_off=m.conv_w.off, r_off=m.ring.off),
+                    x=s.proj, w=m.conv_w.t, ring=m.ring.t, y=s.mixed, step=step)
         push = P.Deltanet(rows=n, nk=d.nk, nv=d.nv, dk=d.dk, dv=d.dv, m_stride=d.cd,
                               ba_off=d.cd + d.nv * d.dv, ba_stride=Pw, o_stride=d.nv * d.dv,
-                              scale=np.float32(d.dk ** -0.5), eps=np.float32(1e-6))
-        buffers = dict(mixed=s.mixed, ba=s.proj, par=m.par, prep=s.prep, state=m.ssm, o=s.dn_o, step=step)
+                              scale=np.float32(d.dk ** -0.5), eps=np.float32(1e-6), p_off=m.par.off,
+                              s_off=m.ssm.off)
+        buffers = dict(mixed=s.mixed, ba=s.proj, par=m.par.t, prep=s.prep, state=m.ssm.t, o=s.dn_o, step=step)
         self.rec.op(G.DELTANET, "prep", groups(n * (2 * d.nk + d.nv)), push, **buffers)
         self.rec.op(G.DELTANET, "scan", groups(d.nv * d.dv), push, **buffers)
         self.rmsnorm(s.dn_o, m.norm, s.dn_n, n * d.nv, d.dv, group=d.nv, x_stride=d.nv * d.dv,

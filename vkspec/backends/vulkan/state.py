@@ -49,11 +49,11 @@ class DeviceStates:
     def new(self) -> DeviceState:
         if self.current is not None:
             self.current.owner = None
-        seq, algos = self.dev.sequence(), []
-        for m in self.recurrent:
-            for t in (m.ring, m.ssm):
-                algos.append(self.dev.record_fill(seq, None, t, t.size()))
-        if algos:                                # a pure-attention model has no recurrent state
+        if self.recurrent:                       # a pure-attention model has no recurrent state
+            seq = self.dev.sequence()
+            for m in self.recurrent:
+                for sp in (m.ring, m.ssm):
+                    self.dev.record_fill(seq, None, sp.t, sp.n, dst_off=sp.off)
             seq.eval()
         self.current = DeviceState(self)
         return self.current
@@ -72,34 +72,40 @@ class DeviceStates:
         return free[:copies] + [None] * (n - 1 - copies) + [free[copies]]
 
     def grow(self, regions: int) -> set[int]:
-        """Give every recurrent state buffer `regions` regions, the live one
-        moved to region 0 (the last block can no longer be rewound). A failed
-        allocation releases what it made and leaves the live state as it was.
-        Returns the ids of the replaced tensors (their recorded uses are void)."""
+        """Give every recurrent state span `regions` regions (in arenas of
+        their own generation), the live one moved to region 0 (the last block
+        can no longer be rewound). A failed allocation releases what it made
+        and leaves the live state as it was. Returns the ids of the replaced
+        tensors (their recorded uses are void)."""
         st = self.current
         made = []
         try:
-            for m in self.recurrent:
-                for part in ("ring", "ssm"):
-                    old = getattr(m, part)
-                    name = self.up.name_of(old)
-                    made.append((m, part, name, self.up.zeros(name + ".grown", old.size() // self.regions * regions)))
+            for part in ("ring", "ssm"):
+                spans = [getattr(m, part) for m in self.recurrent]
+                kind = f"{part}@{regions}"
+                self.up.plan_arenas(kind, [sp.n // self.regions * regions for sp in spans])
+                for m, sp in zip(self.recurrent, spans):
+                    name = self.up.name_of(sp)
+                    made.append((m, part, name, self.up.span(name + ".grown", sp.n // self.regions * regions,
+                                                             kind)))
         except Exception as e:
-            for _, _, _, t in made:
-                self.up.release(t)
+            for _, _, _, sp in made:
+                self.up.release(sp)
             raise VkspecError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
-        seq, keep = self.dev.sequence(), []
-        for m, part, _, t in made:
-            words = getattr(m, part).size() // self.regions
-            keep.append(self.dev.record_fill(seq, getattr(m, part), t, words, src_off=st.live * words))
-        if keep:
+        seq = self.dev.sequence()
+        for m, part, _, sp in made:
+            old = getattr(m, part)
+            words = old.n // self.regions
+            self.dev.record_fill(seq, old.t, sp.t, words, src_off=old.off + st.live * words, dst_off=sp.off)
+        if made:
             seq.eval()
         replaced = set()
-        for m, part, name, t in made:
-            replaced.add(id(getattr(m, part)))
-            self.up.release(getattr(m, part))
-            self.up.rename(t, name)
-            setattr(m, part, t)
+        for m, part, name, sp in made:
+            old = getattr(m, part)
+            replaced.add(id(old.t))
+            self.up.release(old)
+            self.up.rename(sp, name)
+            setattr(m, part, sp)
         self.regions, st.live, st.block = regions, 0, None
         return replaced
 
@@ -125,13 +131,13 @@ class DeviceStates:
         for L in self.trunk:
             m = L.mixer
             if isinstance(m, DeltaMixer):
-                w = m.ring.size() // self.regions
-                conv.append(dev.read(m.ring, st.live * w, w).reshape(d.K - 1, d.cd))
-                w = m.ssm.size() // self.regions
-                ssm.append(dev.read(m.ssm, st.live * w, w).reshape(d.nv, d.dk, d.dv))
+                w = m.ring.n // self.regions
+                conv.append(dev.read(m.ring.t, m.ring.off + st.live * w, w).reshape(d.K - 1, d.cd))
+                w = m.ssm.n // self.regions
+                ssm.append(dev.read(m.ssm.t, m.ssm.off + st.live * w, w).reshape(d.nv, d.dk, d.dv))
             else:
-                kv_k.append(dev.read(m.kc, 0, st.kv_len * row).reshape(st.kv_len, d.nkv, d.hd))
-                kv_v.append(dev.read(m.vc, 0, st.kv_len * row).reshape(st.kv_len, d.nkv, d.hd))
+                kv_k.append(dev.read(m.kc.t, m.kc.off, st.kv_len * row).reshape(st.kv_len, d.nkv, d.hd))
+                kv_v.append(dev.read(m.vc.t, m.vc.off, st.kv_len * row).reshape(st.kv_len, d.nkv, d.hd))
         return HostState(kv_k, kv_v, conv, ssm, kv_len=st.kv_len)
 
     def snapshot(self, st: DeviceState) -> HostState:
@@ -142,8 +148,8 @@ class DeviceStates:
             m, d = self.b.layers[-1].mixer, self.lay.dims
             rows = min(self.lay.ctx, st.kv_len + MAX_ROWS)
             n = rows * d.nkv * d.hd
-            snap.mtp_k = self.dev.read(m.kc, 0, n).reshape(rows, d.nkv, d.hd)
-            snap.mtp_v = self.dev.read(m.vc, 0, n).reshape(rows, d.nkv, d.hd)
+            snap.mtp_k = self.dev.read(m.kc.t, m.kc.off, n).reshape(rows, d.nkv, d.hd)
+            snap.mtp_v = self.dev.read(m.vc.t, m.vc.off, n).reshape(rows, d.nkv, d.hd)
         return snap
 
     def restore(self, st: DeviceState, snap: HostState):
@@ -151,13 +157,13 @@ class DeviceStates:
         attn = [L.mixer for L in self.trunk if not isinstance(L.mixer, DeltaMixer)]
         delta = [L.mixer for L in self.trunk if isinstance(L.mixer, DeltaMixer)]
         for m, k, v in zip(attn, snap.kv_k, snap.kv_v):
-            self.up.write(m.kc, 0, np.asarray(k)[:snap.kv_len])
-            self.up.write(m.vc, 0, np.asarray(v)[:snap.kv_len])
+            self.up.write(m.kc.t, m.kc.off, np.asarray(k)[:snap.kv_len])
+            self.up.write(m.vc.t, m.vc.off, np.asarray(v)[:snap.kv_len])
         for m, conv, ssm in zip(delta, snap.conv, snap.ssm):
-            self.up.write(m.ring, st.live * (m.ring.size() // self.regions), conv)
-            self.up.write(m.ssm, st.live * (m.ssm.size() // self.regions), ssm)
+            self.up.write(m.ring.t, m.ring.off + st.live * (m.ring.n // self.regions), conv)
+            self.up.write(m.ssm.t, m.ssm.off + st.live * (m.ssm.n // self.regions), ssm)
         if self.lay.mtp and snap.mtp_k is not None:
             m = self.b.layers[-1].mixer
-            self.up.write(m.kc, 0, snap.mtp_k)
-            self.up.write(m.vc, 0, snap.mtp_v)
+            self.up.write(m.kc.t, m.kc.off, snap.mtp_k)
+            self.up.write(m.vc.t, m.vc.off, snap.mtp_v)
         st.kv_len, st.block = snap.kv_len, None

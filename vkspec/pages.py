@@ -1,0 +1,46 @@
+"""Letting go of a mapped file's pages once their bytes are elsewhere.
+
+A weight uploaded to the device no longer needs its pages in this process:
+dropping them (madvise DONTNEED) as each weight goes, instead of after the
+last one, keeps the file from ever being resident in full next to the device
+copy, which on an integrated GPU (and Lavapipe) is the same RAM. The pages
+stay in the OS's page cache; a later read maps them again, so dropping is
+never wrong, only a cost when the bytes are read again.
+
+Only read-only views of a file mapping are dropped: DONTNEED on anonymous
+memory would zero it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+_libc = None
+
+
+def _file_mapped(a: np.ndarray) -> bool:
+    if a.flags.writeable:
+        return False
+    base = a
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return True
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return False
+
+
+def drop(a: np.ndarray) -> bool:
+    """Drop the pages under view `a` of a read-only file mapping; False (and
+    nothing done) for any other array."""
+    global _libc
+    if a.size == 0 or not hasattr(mmap, "MADV_DONTNEED") or not _file_mapped(a):
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    lo, hi = byte_bounds(a)
+    start = lo // mmap.PAGESIZE * mmap.PAGESIZE
+    return _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(hi - start), mmap.MADV_DONTNEED) == 0
