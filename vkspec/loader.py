@@ -157,6 +157,8 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     same bits."""
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
+    from .backends.cpu.fpenv import ensure_ieee
+    ensure_ieee()                    # both backends compute on the CPU (the tier, the sampler)
     cfg, ckpt = open_checkpoint(model_dir, fmt)
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
