@@ -18,8 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import VkspecError
+from ...errors import DeviceError, VkspecError
 from ...formats.matrix import FORMATS, QWeight
+
+
+def _size(b: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift:
+            return f"{b / (1 << shift):.2f} {unit}"
+    return f"{b} bytes"
 
 
 def max_buffer_bytes() -> int:
@@ -97,10 +104,15 @@ class Uploader:
     bounded staging buffer (staging_bytes()), so nothing is ever staged whole in
     host memory. A dry uploader (``dev`` None) makes nothing and only counts:
     the memory plan. ``fail_after`` injects an allocation failure (tests),
-    after that many more tensors."""
+    after that many more tensors. A failed allocation says what it asked for
+    and how much of the plan (``planned`` bytes) was in place.
+    ``progress(bytes)`` is told of every tensor made."""
 
-    def __init__(self, dev):
+    def __init__(self, dev, planned: int | None = None):
         self.dev = dev
+        self.planned = planned
+        self.progress = None
+        self.hit = None                       # the model's fault hook (faults.py: "alloc")
         self.fail_after: int | None = None
         self.made: dict[str, int] = {}
         self._names: dict[int, str] = {}
@@ -122,19 +134,37 @@ class Uploader:
         if self.fail_after is not None:
             if self.fail_after <= 0:
                 self.fail_after = None
-                raise VkspecError("device allocation failed (injected)")
+                raise RuntimeError("vk::Device::allocateMemory: ErrorOutOfDeviceMemory (injected)")
             self.fail_after -= 1
 
-    def _made(self, name: str, words: int, make):
+    def _made(self, name: str, words: int, make, report: bool = True):
         if name in self.made:
             raise ValueError(f"device tensor {name} made twice")
-        self._tick()
-        self.made[name] = max(int(words), 1) * 4
+        size = max(int(words), 1) * 4
         if self.dev is None:
+            self.made[name] = size
             return None
-        t = make()
+        from .device import device_calls
+        try:
+            with device_calls("to allocate device memory"):
+                self._tick()
+                if self.hit is not None:
+                    self.hit("alloc", size)
+                t = make()
+        except DeviceError as e:
+            cause = e.__cause__ or e
+            plan = f" of the plan's {_size(self.planned)}" if self.planned else ""
+            raise DeviceError(f"the Vulkan device could not allocate {name} ({_size(size)}) with "
+                              f"{_size(self.allocated)}{plan} in place: {str(cause).splitlines()[0]}") from cause
+        self.made[name] = size
         self._names[id(t)] = name
+        if report:
+            self._report(size)
         return t
+
+    def _report(self, size: int):
+        if self.progress is not None:
+            self.progress(size)
 
     def zeros(self, name: str, n: int, dtype=np.float32, kind: str = "storage"):
         return self._made(name, n, lambda: self.dev.zeros(n, dtype, kind))
@@ -189,10 +219,12 @@ class Uploader:
         if key not in self._copies:
             self._copies[key] = self.dev.record_fill(self.dev.sequence(), st, t, words)
         push = load_shader("fill", "copy").pack(Fill(n=words, x_off=0, y_off=dst_off))
-        seq = self.dev.sequence()
-        seq.record(kp.OpTensorSyncDevice([st]))
-        seq.record(kp.OpAlgoDispatch(self._copies[key], push))
-        seq.eval()
+        from .device import device_calls
+        with device_calls("in an upload"):
+            seq = self.dev.sequence()
+            seq.record(kp.OpTensorSyncDevice([st]))
+            seq.record(kp.OpAlgoDispatch(self._copies[key], push))
+            seq.eval()
 
     # --- weights -------------------------------------------------------------------------
     def weight(self, name: str, parts: list[QWeight]) -> DevWeight:
@@ -218,8 +250,8 @@ class Uploader:
     def _part(self, name: str, first_row: int, pieces: list[QWeight]) -> DevPart:
         f = pieces[0]
         rows = sum(p.rows for p in pieces)
-        data = self._made(name, -(-rows * f.row_bytes // 4),
-                          lambda: self.dev.storage(-(-rows * f.row_bytes // 4), np.uint32))
+        words = -(-rows * f.row_bytes // 4)
+        data = self._made(name, words, lambda: self.dev.storage(words, np.uint32), report=False)
         stream = Stream(self, data, 0)
         for p in pieces:
             chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
@@ -227,6 +259,7 @@ class Uploader:
                 r1 = min(p.rows, r0 + chunk)
                 stream.add(p.data[p.stored(slice(r0, r1))].reshape(-1))
         stream.close()
+        self._report(max(words, 1) * 4)           # the weight is on the device now
         s_stride = f.scales_per_row
         if s_stride:
             sc = np.concatenate([p.scales[p.stored(slice(0, p.rows))] for p in pieces]).astype(np.float32)

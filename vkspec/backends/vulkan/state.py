@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import VkspecError
+from ...errors import DeviceError, VkspecError
 from ...interface import HostState
+from .device import device_calls
 from .layout import MAX_ROWS, Buffers, DeltaMixer, Layout
 from .memory import Uploader
 
@@ -54,7 +55,8 @@ class DeviceStates:
             for t in (m.ring, m.ssm):
                 algos.append(self.dev.record_fill(seq, None, t, t.size()))
         if algos:                                # a pure-attention model has no recurrent state
-            seq.eval()
+            with device_calls("while clearing the state"):
+                seq.eval()
         self.current = DeviceState(self)
         return self.current
 
@@ -87,13 +89,14 @@ class DeviceStates:
         except Exception as e:
             for _, _, _, t in made:
                 self.up.release(t)
-            raise VkspecError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
+            raise DeviceError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
         seq, keep = self.dev.sequence(), []
         for m, part, _, t in made:
             words = getattr(m, part).size() // self.regions
             keep.append(self.dev.record_fill(seq, getattr(m, part), t, words, src_off=st.live * words))
         if keep:
-            seq.eval()
+            with device_calls("while copying the recurrent state"):
+                seq.eval()
         replaced = set()
         for m, part, name, t in made:
             replaced.add(id(getattr(m, part)))
