@@ -128,7 +128,7 @@ class FailingRewinds(Faults):
 
     def hit(self, stage, rows=0):
         super().hit(stage, rows)
-        if stage == "rewind" and self.seen["rewind"] >= self.at:
+        if stage == "rewind" and self.seen["rewind"] >= min(self.at):
             raise RuntimeError("vk::Queue::submit: ErrorDeviceLost (injected rewind)")
 
 

@@ -20,8 +20,8 @@ conversion to DeviceError as a real one. ``lost``: the device is lost for
 good: every later stage except ``rewind`` (host bookkeeping on this backend)
 fails too, as after VK_ERROR_DEVICE_LOST.
 
-VKSPEC_FAULT=stage@n[!] arms one in a process (``!``: lost), so the command
-line and the server can be tested as users run them.
+VKSPEC_FAULT=stage@n[+m...][!] arms faults in a process (``!``: lost), so
+the command line and the server can be tested as users run them.
 """
 
 from __future__ import annotations
@@ -33,19 +33,23 @@ STAGES = ("forward", "mtp", "readback", "rewind", "upload", "snapshot", "restore
 
 
 class Faults:
-    def __init__(self, stage: str | None = None, at: int = 1, lost: bool = False):
+    """``at``: one occurrence (1-based) or several."""
+
+    def __init__(self, stage: str | None = None, at: int | tuple = 1, lost: bool = False):
         if stage is not None and stage not in STAGES:
             raise ValueError(f"unknown fault stage {stage!r} ({', '.join(STAGES)})")
-        self.stage, self.at, self.lost = stage, at, lost
+        self.stage, self.lost = stage, lost
+        self.at = {at} if isinstance(at, int) else set(at)
         self.seen: Counter = Counter()
         self.fired = False
         self.log: list[tuple[str, int]] = []   # (stage, rows) reached, in order (tests choose `at` from it)
 
     @classmethod
     def parse(cls, spec: str) -> "Faults":
+        """stage@n, stage@n+m (several), a trailing ! for a lost device."""
         lost = spec.endswith("!")
         stage, _, at = spec.rstrip("!").partition("@")
-        return cls(stage, int(at or 1), lost)
+        return cls(stage, tuple(int(a) for a in (at or "1").split("+")), lost)
 
     @classmethod
     def from_env(cls) -> "Faults | None":
@@ -58,10 +62,10 @@ class Faults:
         call = "vk::Device::allocateMemory" if stage == "alloc" else "vk::Queue::submit"
         if self.fired and self.lost and stage != "rewind":
             raise RuntimeError(f"{call}: ErrorDeviceLost (injected: lost since {self.stage})")
-        if not self.fired and stage == self.stage and self.seen[stage] == self.at:
+        if stage == self.stage and self.seen[stage] in self.at:
             self.fired = True
             kind = "ErrorDeviceLost" if self.lost else "ErrorOutOfDeviceMemory"
-            raise RuntimeError(f"{call}: {kind} (injected at {stage} #{self.at})")
+            raise RuntimeError(f"{call}: {kind} (injected at {stage} #{self.seen[stage]})")
 
     def occurrences(self, stage: str, rows=None) -> list[int]:
         """The `at` values (1-based) at which this stage was reached, with
