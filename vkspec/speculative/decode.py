@@ -55,22 +55,23 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
     for src in sources:
         src.begin(model, st, prompt, fed)
     i = fed
-    while i < len(prompt):
-        rows = prompt[i:i + block]
+    while True:
         try:
-            hidden, logits = model.forward(rows, st, logits_rows="last")
+            while i < len(prompt):
+                rows = prompt[i:i + block]
+                hidden, logits = model.forward(rows, st, logits_rows="last")
+                for src in sources:
+                    src.observe(rows, hidden, i)
+                i += len(rows)
+            for src in sources:
+                src.prefilled()              # the MTP head reads the prompt's rows
+            break
         except DeviceError as e:
             if fallback is None or not fallback.applies(model, e):
                 raise
             # the rows before i stood; a forward that failed after moving the
             # watermark (its rows computed, never read) is not the commit
             model, st = fallback.take_over(model, st, prompt[:i], st.kv_len == i, sources, e, 0)
-            continue
-        for src in sources:
-            src.observe(rows, hidden, i)
-        i += block
-    for src in sources:
-        src.prefilled()
     t1 = time.perf_counter()
     state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
     # sources whose proposals cost nothing: the gate judges them in hindsight
