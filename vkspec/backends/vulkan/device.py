@@ -148,7 +148,7 @@ class Device:
         self.name = props.get("device_name", "?")
         self._spirv: dict[str, bytes] = {}
         with device_calls("in the start-up probe"):
-            self.probe = probe.run(self)
+            self.probe = probe.run(self, load_shader("float_probe"))
         if check and not self.probe.ok:
             raise DeviceError(f"{self.name} does not compute float32 as vkspec's exact path needs: "
                               f"{self.probe.line()} (--fallback cpu runs on the CPU instead)")

@@ -38,12 +38,12 @@ def case_words(cases=ieee.CASES) -> np.ndarray:
     return np.array([[ieee.OPS.index(c.op), c.a, c.b, c.c] for c in cases], dtype=np.uint32)
 
 
-def run(dev, cases=ieee.CASES) -> ProbeResult:
-    """Every case on the device, one workgroup each."""
-    from .device import load_shader
+def run(dev, shader, cases=ieee.CASES) -> ProbeResult:
+    """Every case on the device (device.Device) with float_probe.comp
+    (``shader``, as device.load_shader gives it), one workgroup each."""
     words = case_words(cases)
     tc, to = dev.tensor(words.ravel()), dev.tensor(np.zeros(len(cases), np.uint32))
-    algo = dev.algorithm(load_shader("float_probe"), [tc, to], len(cases))
+    algo = dev.algorithm(shader, [tc, to], len(cases))
     kp = dev.kp
     dev.mgr.sequence().record(kp.OpTensorSyncDevice([tc, to])).record(kp.OpAlgoDispatch(algo)) \
         .record(kp.OpTensorSyncLocal([to])).eval()
