@@ -99,3 +99,24 @@ def test_a_lost_device_answers_every_turn_with_an_error(vk, tiny_dir, tmp_path):
         assert srv.health()["status"] == "ok"
     finally:
         srv.stop()
+
+
+def test_a_pin_whose_device_fails_moves_the_engine_to_the_cpu(vk, tiny_dir):
+    """Outside a turn's rounds (a pin's prefill, a saved state brought in) the
+    engine moves to the CPU with a fresh state and does the work there."""
+    from vkspec.backends.vulkan.faults import Faults
+    from vkspec.loader import load_model
+    from vkspec.sampling import Sampler
+    from vkspec.serve.engine import Engine
+    from vkspec.speculative import SpecConfig, generate
+    from vkspec.speculative.fallback import Fallback
+    from vkspec.speculative.sources import build
+    dev, cpu = load_model(tiny_dir, backend="vulkan", mtp=True), load_model(tiny_dir, mtp=True)
+    sources, gate = build(dev, SpecConfig(spec_mode="mtp").check())
+    engine = Engine(dev, None, sources, gate, fallback=Fallback(lambda: cpu, quiet=True))
+    dev.faults = Faults("forward", 1)
+    saved = engine.pin("p", PROMPT)
+    assert engine.model is cpu and saved.fed == tuple(PROMPT)
+    turn = engine.run(PROMPT + [3], 8, Sampler(temperature=0.8, seed=7))
+    assert turn.reused == len(PROMPT)                      # the pin serves, on the CPU
+    assert turn.tokens == generate(cpu, PROMPT + [3], 8, Sampler(temperature=0.8, seed=7)).tokens
