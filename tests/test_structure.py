@@ -20,7 +20,7 @@ from vkspec.shaders import build
 ROOT = Path(vkspec.__file__).parent
 # device utilities with no arithmetic of the model: copies, the op-by-op test
 # harness (exact.ELEMENTWISE) and the start-up probe
-NO_TWIN = {"fill", "core_eval", "denormal_probe"}
+NO_TWIN = {"fill", "core_eval", "float_probe"}
 
 
 def modules():

@@ -25,8 +25,36 @@ def _tokenizer_for_run(args):
         return None
 
 
+def _stopped(args, tok, e) -> int:
+    """The device failed mid-run and there is no fallback: the output up to
+    the last commit (a prefix of what the run would have printed), then one
+    line on stderr and exit status 2. With --json: the object has the
+    committed tokens, their text and digest, and ``error``."""
+    from .speculative.result import Result
+    tokens = list(e.tokens)
+    text = tok.decode(tokens) if tok else ""
+    line = f"{e}; stopped after {len(tokens)} tokens (--fallback cpu continues on the CPU)"
+    if args.json:
+        digest = Result(tokens, e.last).digest if e.last is not None else None
+        print(json.dumps({"tokens": tokens, "text": text, "digest": digest, "backend": args.backend,
+                          "dtype": args.dtype, "error": line, "stopped": True}))
+    else:
+        print(text if tok else " ".join(map(str, tokens)))
+    sys.stdout.flush()
+    print(f"vkspec: {line}", file=sys.stderr)
+    return 2
+
+
+def _fell_back(args, fallback) -> str | None:
+    """How the run left the device: "load" (it never ran there), "snapshot"
+    or "replay" (how the state came over mid-run), None (it did not)."""
+    if getattr(args, "fell_back", None):
+        return args.fell_back
+    return fallback.moves[0] if fallback is not None and fallback.moves else None
+
+
 def _run(args) -> int:
-    from .errors import VkspecError
+    from .errors import DeviceError, VkspecError
     from .sampling import Sampler
     from .speculative import generate_spec
     from .speculative.sources import build, listed_size, save_vocab
@@ -50,6 +78,7 @@ def _run(args) -> int:
         # attention buffers are sized to them (the model's limit still holds)
         args.ctx = -(-(len(prompt) + args.n + 8) // 64) * 64
     model = _load_for_spec(args, cfg, tier)
+    fallback = _fallback(args, model)
     if args.prompt_ids is not None:
         tok = _tokenizer_for_run(args)             # for the text of the output only
     sources, gate = build(model, cfg, args.model)
@@ -71,10 +100,14 @@ def _run(args) -> int:
     try:
         res = generate_spec(model, prompt, args.n, sampler, sources, gate,
                             snapshots=cfg.spec_mtp_recurrent_snapshots,
-                            stop=set(model.cfg.eos_token_id) if args.stop_eos else None)
+                            stop=set(model.cfg.eos_token_id) if args.stop_eos else None, fallback=fallback)
+    except DeviceError as e:
+        if getattr(e, "tokens", None) is None:     # nothing was generated: the one line is all
+            raise
+        return _stopped(args, tok, e)
     finally:
         save_vocab(sources)
-        if tier is not None and args.tier_history_out:
+        if getattr(model, "tier", None) is not None and args.tier_history_out:
             model.tier.save_history(args.tier_history_out)
     text = tok.decode(res.tokens) if tok else ""
     c = res.counters
@@ -98,7 +131,8 @@ def _run(args) -> int:
                           "decode_tok_s": res.decode_tok_s, "prefill_s": res.prefill_s, "warm_s": warm_s,
                           "tokens_per_forward": len(res.tokens) / max(res.forwards, 1),
                           "prompt_tokens": len(prompt), "backend": args.backend, "dtype": args.dtype,
-                          "spec_mode": cfg.spec_mode, "counters": stats}))
+                          "spec_mode": cfg.spec_mode, "counters": stats,
+                          "fallback": _fell_back(args, fallback)}))
     else:
         print(text if tok else " ".join(map(str, res.tokens)))
     return 0
@@ -159,11 +193,32 @@ def _spec_config(args):
 
 def _load_for_spec(args, cfg, tier):
     """The model, with its MTP head when the mode drafts from it (mtp requires
-    one, auto takes it when the checkpoint has one)."""
+    one, auto takes it when the checkpoint has one). With --fallback cpu, a
+    device that cannot be used (none, a failed probe, an allocation that
+    failed) gives the CPU model instead, with one line on stderr."""
+    from .errors import DeviceError
     from .loader import load_model
     mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
-    return load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
-                      mtp=mtp, tier=tier, ctx=args.ctx)
+    try:
+        return load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
+                          mtp=mtp, tier=tier, ctx=args.ctx)
+    except DeviceError as e:
+        if args.fallback != "cpu" or args.backend == "cpu":
+            raise
+        print(f"vkspec: {e}; running on the CPU (--fallback cpu)", file=sys.stderr, flush=True)
+        args.fell_back = "load"
+        return load_model(args.model, fmt=args.dtype, backend="cpu", mtp=mtp, ctx=args.ctx)
+
+
+def _fallback(args, model):
+    """--fallback cpu: the CPU model a failed device hands over to, loaded
+    from the same checkpoint at the first failure (speculative/fallback.py)."""
+    if args.fallback != "cpu" or model.backend == "cpu":
+        return None
+    from .loader import load_model
+    from .speculative.fallback import Fallback
+    return Fallback(lambda: load_model(args.model, fmt=args.dtype, backend="cpu", mtp=model.has_mtp,
+                                       ctx=model.ctx))
 
 
 def _tier(args, model_dir):
@@ -192,6 +247,7 @@ def _serve(args) -> int:
         raise VkspecError("--max-body-mb must be above 0 and --state-budget-mb at least 0")
     cfg = _spec_config(args)
     tier = _tier(args, args.model)
+    sock = _listen(args.host, args.port)          # a port in use fails now, not after the load
     model = _load_for_spec(args, cfg, tier)
     if model.backend != "cpu":      # the first requests should not wait for pipeline builds
         t0 = time.perf_counter()
@@ -203,7 +259,8 @@ def _serve(args) -> int:
     tok = find_tokenizer(args.model)
     sources, gate = build(model, cfg, args.model)
     engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
-                    eos=set(model.cfg.eos_token_id), budget_bytes=int(args.state_budget_mb * (1 << 20)))
+                    eos=set(model.cfg.eos_token_id), budget_bytes=int(args.state_budget_mb * (1 << 20)),
+                    fallback=_fallback(args, model))
     name = Path(args.model).name
     import os
     from .serve.guard import is_loopback
@@ -213,8 +270,15 @@ def _serve(args) -> int:
               "this port can use the model (set --api-key or VKSPEC_API_KEY)", file=sys.stderr, flush=True)
     app = create_app(engine, tok, name, chat_template(args.model), api_key=key,
                      max_body=int(args.max_body_mb * (1 << 20)), bind_host=args.host, allow_hosts=args.allow_host)
-    print(f"[vkspec serve] {name} on http://{args.host}:{args.port} ({args.backend}, {args.dtype}, "
-          f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if ":" in args.host else args.host
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:          # the socket accepts: say so, and where
+                print(f"[vkspec serve] ready: {name} on http://{host}:{port} ({model.backend}, {args.dtype}, "
+                      f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
     import signal
 
     def on_term(signum, frame):     # uvicorn shuts down, then re-raises the signal to this handler
@@ -223,15 +287,32 @@ def _serve(args) -> int:
     try:
         # on a signal, open turns get 5 s; then their tasks are cancelled, which
         # cancels the turns at their next round
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+        Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
     except SystemExit:
         pass
     finally:
         save_vocab(sources)
-        if tier is not None and args.tier_history_out:
+        if getattr(model, "tier", None) is not None and args.tier_history_out:
             model.tier.save_history(args.tier_history_out)
         print("[vkspec serve] stopped; counts saved", file=sys.stderr, flush=True)
     return 0
+
+
+def _listen(host: str, port: int):
+    """A bound socket for the server (uvicorn serves it): a port in use is one
+    line, and --port 0 gets a free one that the ready line names."""
+    import socket
+    from .errors import VkspecError
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise VkspecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _make_tiny(args) -> int:
@@ -256,6 +337,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     backend = parser()
     backend.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
     backend.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    backend.add_argument("--fallback", choices=["cpu"], default=None,
+                         help="when the device fails (at start-up or mid-run), continue on the CPU with the "
+                              "same bits (default: stop with the output so far)")
     spec = parser()
     spec.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None,
                       help="draft source (spec_mode; default off)")
@@ -323,6 +407,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="another name this server answers to in Host (repeatable; default: loopback "
                         "names and --host)")
 
+    p = sub.add_parser("doctor", help="what this machine gives vkspec: device, driver, float controls, "
+                                      "probes, CPU kernels, where things live")
+    p.add_argument("model", nargs="?", default=None, help="a model, to name where its counts live")
+
     p = sub.add_parser("plan", help="the memory plan", parents=[g["model"]])
     p.add_argument("--budget-gb", type=float, default=None, help="the expert tier's budget")
     p.add_argument("--snapshots", type=int, default=7)
@@ -350,7 +438,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    from .backends.vulkan.device import DeviceError
     from .errors import VkspecError
     try:
         if args.cmd == "selftest":
@@ -366,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(args)
         if args.cmd == "serve":
             return _serve(args)
-    except (VkspecError, DeviceError) as e:   # one clear line, no traceback
+        if args.cmd == "doctor":
+            from .doctor import main as doctor
+            return doctor(args.model)
+    except VkspecError as e:                  # one clear line, no traceback (a DeviceError is one)
         print(f"vkspec: {e}", file=sys.stderr)
         return 2
     return 0

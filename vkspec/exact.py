@@ -18,9 +18,10 @@ gives numba its own versions of the primitives (``bits``, ``select`` ...) and
 compiles these very functions. The GLSL twin is held to them by the tests.
 
 Denormal policy: IEEE 754 gradual underflow everywhere. NumPy preserves
-denormals, and so does Lavapipe (measured); the device's denormal probe
-(backends/vulkan/device.py) refuses a device that flushes, because plain
-``+ - *`` in the kernels would then differ. The functions here take denormal
+denormals, and so does Lavapipe (measured); the start-up probes
+(backends/vulkan/probe.py, backends/cpu/fpenv.py: the cases of ieee.py)
+refuse a device, or a CPU thread, that flushes, because plain ``+ - *`` in
+the kernels would then differ. The functions here take denormal
 inputs (they rescale them by 2**24 before reading exponent bits) and return
 correctly rounded denormal results where the true value is one.
 

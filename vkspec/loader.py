@@ -207,6 +207,8 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     same bits."""
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
+    from .backends.cpu.fpenv import ensure_ieee
+    ensure_ieee()                    # both backends compute on the CPU (the tier, the sampler)
     cfg, ckpt = open_checkpoint(model_dir, fmt)
     if backend == "vulkan":
         from .shaders.limits import check

@@ -53,7 +53,8 @@ def checks(cpu, vk, seed: int = 0):
 def main(seed: int = 0) -> int:
     from .backends import get_ops
     cpu, vk = get_ops("cpu"), get_ops("vulkan")
-    print(f"device: {vk.dev.name} (denormals: {vk.dev.denormals})")
+    print(f"device: {vk.dev.name} (float modes: {', '.join(vk.dev.float_modes) or 'none'}; "
+          f"probe: {vk.dev.probe.line()})")
     bad = 0
     for name, ok in checks(cpu, vk, seed):
         bad += not ok

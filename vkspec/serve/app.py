@@ -68,7 +68,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
-        return error(e.status, e.message, e.param, e.code)
+        return error(e.status, e.message, e.param, e.code,
+                     kind="server_error" if e.status >= 500 else "invalid_request_error")
 
     @app.exception_handler(404)
     async def _not_found(request, e):

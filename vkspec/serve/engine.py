@@ -11,7 +11,10 @@ Terms:
 * **pin**: a named prompt whose state is kept until unpinned (or dropped
   when the state budget is full: see store.py).
 A turn cancelled mid-round (a client that went away) leaves the state of its
-last commit, which is what gets saved.
+last commit, which is what gets saved. A turn whose device fails ends with
+the error (the app answers 5xx; the next turn starts afresh), or, with a
+Fallback (--fallback cpu), continues on the CPU from its last commit, and so
+does every later turn.
 
 Only the thread that runs turns takes the engine lock for long; pins and
 turn snapshots live in a StateStore with a lock of its own, so listing and
@@ -25,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..errors import DeviceError
 from ..sampling import Sampler
 from ..speculative.decode import Cancelled, generate_spec
 from .store import Saved, StateStore, measure
@@ -41,8 +45,10 @@ class Turn:
 
 class Engine:
     def __init__(self, model, tokenizer, sources, gate, snapshots: int = 7, cache_size: int = 16,
-                 eos: set[int] | None = None, name: str = "vkspec", budget_bytes: int = 1 << 30):
+                 eos: set[int] | None = None, name: str = "vkspec", budget_bytes: int = 1 << 30,
+                 fallback=None):
         self.model, self.tokenizer, self.sources, self.gate = model, tokenizer, sources, gate
+        self.fallback = fallback
         self.snapshots, self.eos, self.name = snapshots, eos or set(), name
         self.lock = threading.Lock()
         self.state = model.new_state()
@@ -88,28 +94,58 @@ class Engine:
                 self._load(saved)
         return len(fed)
 
+    def _fall_back(self, e: BaseException) -> bool:
+        """The device failed outside a turn's rounds (bringing a saved state
+        in, a pin's prefill): with a fallback, the engine moves to the CPU
+        with a fresh state (saved states are host copies: they still serve)."""
+        if self.fallback is None or not self.fallback.applies(self.model, e):
+            return False
+        cpu = self.fallback.model if self.fallback.model is not None else self.fallback.load()
+        self.fallback.model = cpu
+        self.model, self.state, self.live = cpu, cpu.new_state(), ()
+        self.fallback.state = self.state
+        for s in self.sources:
+            s.moved(cpu, self.state)
+        print(f"[vkspec serve] {e}; continuing on the CPU", file=sys.stderr, flush=True)
+        return True
+
+    def _adopt(self):
+        """After a turn that moved to the CPU mid-round: the engine stays there."""
+        fb = self.fallback
+        if fb is not None and fb.model is not None and (fb.model is not self.model or fb.state is not self.state):
+            self.model, self.state = fb.model, fb.state
+
     def pin(self, name: str, prompt: list[int]) -> Saved:
         """Feed a prompt and keep its state under a name (BudgetError: the
         state is larger than the whole budget)."""
         with self.lock:
-            fed = self._start(prompt, whole=True)
-            if fed < len(prompt):
-                # a turn's prefill (generate_spec): the sources begin on this state,
-                # so a pin holds no draft-source rows of the turn before it
-                for s in self.sources:
-                    s.begin(self.model, self.state, prompt, fed)
-                for i in range(fed, len(prompt), self.model.max_rows):
-                    rows = prompt[i:i + self.model.max_rows]
-                    hidden, _ = self.model.forward(rows, self.state, logits_rows="last")
-                    for s in self.sources:
-                        s.observe(rows, hidden, i)
-                for s in self.sources:
-                    if hasattr(s, "prefilled"):
-                        s.prefilled()
-                self.live = tuple(prompt)
-            saved = self._save()
+            try:
+                saved = self._pin(prompt)
+            except DeviceError as e:
+                self.live = None
+                if not self._fall_back(e):
+                    raise
+                saved = self._pin(prompt)
         self.store.put_pin(name, saved)
         return saved
+
+    def _pin(self, prompt: list[int]) -> Saved:
+        fed = self._start(prompt, whole=True)
+        if fed < len(prompt):
+            # a turn's prefill (generate_spec): the sources begin on this state,
+            # so a pin holds no draft-source rows of the turn before it
+            for s in self.sources:
+                s.begin(self.model, self.state, prompt, fed)
+            for i in range(fed, len(prompt), self.model.max_rows):
+                rows = prompt[i:i + self.model.max_rows]
+                hidden, _ = self.model.forward(rows, self.state, logits_rows="last")
+                for s in self.sources:
+                    s.observe(rows, hidden, i)
+            for s in self.sources:
+                if hasattr(s, "prefilled"):
+                    s.prefilled()
+            self.live = tuple(prompt)
+        return self._save()
 
     def unpin(self, name: str) -> bool:
         return self.store.unpin(name)
@@ -130,11 +166,20 @@ class Engine:
             turn = Turn()
             t0 = time.perf_counter()
             try:
-                turn.reused = self._start(prompt)
-                res = generate_spec(self.model, prompt, max_tokens, sampler, self.sources, self.gate,
-                                    snapshots=self.snapshots, stop=self.eos, state=self.state,
-                                    fed=turn.reused, on_token=on_token,
-                                    cancel=(lambda _: cancelled()) if cancelled else None)
+                try:
+                    turn.reused = self._start(prompt)
+                except DeviceError as e:
+                    self.live = None
+                    if not self._fall_back(e):
+                        raise
+                    turn.reused = self._start(prompt)
+                try:
+                    res = generate_spec(self.model, prompt, max_tokens, sampler, self.sources, self.gate,
+                                        snapshots=self.snapshots, stop=self.eos, state=self.state,
+                                        fed=turn.reused, on_token=on_token, fallback=self.fallback,
+                                        cancel=(lambda _: cancelled()) if cancelled else None)
+                finally:
+                    self._adopt()
                 turn.tokens, turn.counters = res.tokens, res.counters
                 turn.finish = "stop" if (res.tokens and res.tokens[-1] in self.eos) else "length"
             except Cancelled as e:
@@ -144,7 +189,11 @@ class Engine:
                 self.live = None                 # unknown: the next turn starts afresh
                 raise
             self.live = tuple(prompt) + tuple(turn.tokens[:-1])
-            self.store.put_turn(self._save())
+            try:
+                self.store.put_turn(self._save())
+            except DeviceError as e:         # the turn is done; only its reuse is lost
+                self.live = None
+                self._fall_back(e)
             self.turns += 1
             c = turn.counters
             line = c.line(len(turn.tokens)) if c is not None else "cancelled"

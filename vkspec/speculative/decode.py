@@ -7,13 +7,16 @@ one at a time from the exact logits, commits the rows that stood, undoes the
 rest, and returns the round's one correction or bonus pick. Plain decoding is
 the same loop with zero drafts. If anything fails or is cancelled mid-round,
 the state of the last commit comes back: model rows, sampler, draft sources,
-output.
+output. A device that fails (DeviceError) ends the run there (the exception
+carries the committed tokens and their last logits row), or, with a
+Fallback (fallback.py), the run continues from that commit on the CPU.
 """
 
 from __future__ import annotations
 
 import time
 
+from ..errors import DeviceError
 from ..sampling import Sampler
 from .counters import Counters
 from .result import Result
@@ -24,7 +27,7 @@ class Cancelled(Exception):
 
 
 def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7, stop=None,
-                  cancel=None, block=None, state=None, fed=0, on_token=None) -> Result:
+                  cancel=None, block=None, state=None, fed=0, on_token=None, fallback=None) -> Result:
     """n tokens after the prompt (fewer if a stop token comes). The prompt is
     fed in blocks of ``block`` rows (the backend's largest by default: a row's
     bits do not depend on its block). ``cancel(tokens_so_far)`` returning true
@@ -33,7 +36,12 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
     already holds the first ``fed`` prompt tokens (a reused prefix; the draft
     sources' own state must match it). ``on_token(tok, logits_row)`` sees each
     emitted token and the row it was picked from; returning true ends the run
-    after that token (a stop string)."""
+    after that token (a stop string); a token emitted again after a fallback
+    (the same token: the bits are the same) is not shown to it twice.
+    ``fallback``: a fallback.Fallback; on a DeviceError the run continues on its
+    CPU model (the model and state it ends on are ``fallback.model/state``).
+    An exception that ends the run carries ``tokens`` (the committed output)
+    and ``last`` (the logits row of the last of them; None before the first)."""
     if not prompt:
         raise ValueError("empty prompt")
     block = block or model.max_rows
@@ -46,23 +54,43 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         gate.begin()
     for src in sources:
         src.begin(model, st, prompt, fed)
-    for i in range(fed, len(prompt), block):
-        rows = prompt[i:i + block]
-        hidden, logits = model.forward(rows, st, logits_rows="last")
-        for src in sources:
-            src.observe(rows, hidden, i)
-    for src in sources:
-        src.prefilled()
+    i = fed
+    while True:
+        try:
+            while i < len(prompt):
+                rows = prompt[i:i + block]
+                hidden, logits = model.forward(rows, st, logits_rows="last")
+                for src in sources:
+                    src.observe(rows, hidden, i)
+                i += len(rows)
+            for src in sources:
+                src.prefilled()              # the MTP head reads the prompt's rows
+            break
+        except DeviceError as e:
+            if fallback is None or not fallback.applies(model, e):
+                raise
+            # the rows before i stood; a forward that failed after moving the
+            # watermark (its rows computed, never read) is not the commit
+            model, st = fallback.take_over(model, st, prompt[:i], st.kv_len == i, sources, e, 0)
     t1 = time.perf_counter()
     state = dict(cap=gate.k_max if gate else 0, fed=False, ended=False)
     # sources whose proposals cost nothing: the gate judges them in hindsight
     hindsight = {s.name for s in sources if s.free} if gate and gate.enabled else set()
+    told: list[tuple[int, bool]] = []        # what on_token saw, and said, per output index
 
     def emit(tok, row):
         out.append(tok)
         for src in sources:
             src.picked(tok)
+        at = len(out) - 1
+        if at < len(told):                   # emitted again after a fallback: the caller has it
+            if told[at][0] != tok:
+                raise DeviceError(f"the CPU gave token {tok} where the device gave {told[at][0]} "
+                                  f"(output {at}): the backends disagree")
+            state["ended"] = told[at][1]
+            return
         state["ended"] = bool(on_token and on_token(tok, row))
+        told.append((tok, state["ended"]))
 
     def done(tok):
         return len(out) >= n or (stop is not None and tok in stop) or state["ended"]
@@ -131,10 +159,13 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 props.append(prop)
         return choose(props, gate)
 
-    def restore(commit):
+    def restore(commit) -> bool:
+        """Back to the commit. The host's half first, so that a model that
+        fails to rewind (a failed device) still leaves the output, sampler
+        and sources of the commit. True when the model's state is the
+        commit's as far as the host can tell."""
         n_out, n_hist, sampler_state, source_states, saved_state, saved_counters = commit
-        if state["fed"]:
-            model.rewind(st, 0)              # the state before this round's first forward
+        fed_this_round = state["fed"]
         del out[n_out:]
         del history[n_hist:]
         sampler.set_state(sampler_state)
@@ -142,6 +173,12 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
             src.restore(ck)
         state.update(saved_state)
         counters.__dict__.update(saved_counters.__dict__)
+        if fed_this_round:
+            try:
+                model.rewind(st, 0)          # the state before this round's first forward
+            except Exception:                # noqa: BLE001 - the caller raises the first error
+                return False
+        return st.kv_len == len(history)
 
     tok, last = sampler.pick(logits[-1]), logits[-1]
     emit(tok, last)
@@ -152,8 +189,12 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
         try:
             tok, last = round_(tok)
         except BaseException as e:
-            restore(commit)
-            e.tokens = list(out)
+            state_ok = restore(commit)
+            if fallback is not None and fallback.applies(model, e):
+                model, st = fallback.take_over(model, st, list(history), state_ok, sources, e, len(out))
+                continue
+            e.tokens, e.last = list(out), last
+            e.state_lost = not state_ok
             raise
     return Result(out, last, counters.forwards, t1 - t0, time.perf_counter() - t1,
                   counters.drafted, counters.accepted, counters)

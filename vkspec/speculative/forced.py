@@ -50,6 +50,9 @@ class ForcedDrafts:
     def picked(self, tok):
         self.inner.picked(tok)
 
+    def moved(self, model, state, tokens=None, hidden=None):
+        self.inner.moved(model, state, tokens, hidden)
+
     def lead_passes(self) -> int:
         return self.inner.lead_passes()
 

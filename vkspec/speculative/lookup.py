@@ -42,6 +42,9 @@ class PromptLookup:
     def picked(self, tok: int):
         pass
 
+    def moved(self, model, state, tokens=None, hidden=None):
+        pass
+
     def lead_passes(self) -> int:
         return 0
 

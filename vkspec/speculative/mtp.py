@@ -61,6 +61,16 @@ class MtpDrafts:
     def picked(self, tok: int):
         self.vocab.picked(tok)
 
+    def moved(self, model, state, tokens=None, hidden=None):
+        """Another model holds the rows now. Without its head rows (a state
+        rebuilt by feeding ``tokens``) every pair is pending again: the next
+        proposal writes the head's rows anew, with the same bits."""
+        self.model, self.state = model, state
+        if tokens is not None:
+            self.pending, self.h_last, self.absorbed = [], None, -1
+            if len(tokens):
+                self.observe(tokens, hidden, 0)
+
     def checkpoint(self):
         return (list(self.pending), self.h_last, self.absorbed, self.vocab.checkpoint())
 

@@ -58,6 +58,12 @@ class DraftSource(Protocol):
         """Up to k drafts after ``pick`` (at position ``pos``); ``gate`` may stop
         a source from writing deeper drafts that could not pay."""
 
+    def moved(self, model, state, tokens=None, hidden=None) -> None:
+        """The run goes on with another model (decode.py's fallback) whose
+        state holds the same rows. ``tokens``/``hidden``: every row and the
+        trunk's hidden state of each, when the state was rebuilt by feeding
+        them (the source's own rows in that model's state were not copied)."""
+
     def checkpoint(self):
         """This source's state, for restore()."""
 

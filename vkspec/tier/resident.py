@@ -86,6 +86,8 @@ class ExpertTier:
         self.reset_stats()
         self.layers: dict[int, object] = {}      # ordinal -> the layer's Ffn on the device
         self._streamed: set[int] = set()
+        self.hit = None                          # the model's fault hook (backends/vulkan/faults.py)
+        self.broken: str | None = None           # why the slot maps cannot be trusted
 
     def reset_stats(self):
         self.stats = TierStats(per_layer=[[0, 0] for _ in range(self.n_layers)])
@@ -138,9 +140,37 @@ class ExpertTier:
     # --- uploads ----------------------------------------------------------------------
     def _upload(self, moves):
         """Copy experts into slots, (layer, slot, expert) each, through the
-        uploader's staging buffer: the expert's rows as its file stores them."""
+        uploader's staging buffer: the expert's rows as its file stores them.
+        If that fails, no slot it touched is used again (see _void)."""
         if not moves:
             return
+        try:
+            self._copy(moves)
+        except BaseException:
+            self._void(moves)
+            raise
+
+    def _void(self, moves):
+        """After a failed upload: the slots it was filling may hold part of an
+        expert, so they hold none (the placement forgets them and the maps
+        the shaders read lose them; their experts run on the CPU until a later
+        upload). If even the maps cannot be written, the tier is broken and
+        refuses every forward (a device that reads a half-copied expert would
+        give other bits)."""
+        touched = set()
+        for o, slot, _ in moves:
+            if slot < len(self.placement.slots[o]):          # stream slots are never in the placement
+                self.placement.slots[o][slot] = None
+            touched.add(o)
+        try:
+            for o in touched:
+                self._set_map(o)
+        except Exception as e:                               # noqa: BLE001 - recorded, and the caller raises
+            self.broken = f"the expert tier's slot maps could not be restored after a failed upload ({e})"
+
+    def _copy(self, moves):
+        if self.hit is not None:
+            self.hit("upload", len(moves))
         t0 = time.perf_counter()
         for o, slot, e in moves:
             i = self.layer_ids[o]

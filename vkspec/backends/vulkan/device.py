@@ -9,10 +9,21 @@ handled once:
   checked against the SPIR-V at build time) into those words.
 * The patched kp (ci/kompute) records a global barrier before every dispatch
   and copy, so a recorded sequence of dependent dispatches is hazard-free.
+* kp reports a failed Vulkan call (out of device memory, device lost, a
+  failed submission or pipeline) as a RuntimeError (MemoryError for a host
+  allocation). :func:`device_calls` turns those into one-line DeviceErrors;
+  it wraps this class's calls and the model's interface (model.py), so no
+  other file needs to know what kp raises.
+* Float controls: every shader declares the 32-bit float modes the device
+  offers among SignedZeroInfNanPreserve, DenormPreserve and RoundingModeRTE
+  (read through vkinfo.py, added to the SPIR-V by shaders/float_controls.py,
+  with VK_KHR_shader_float_controls enabled on the device); then the
+  start-up probe (probe.py) checks what the device really computes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import OrderedDict
 import os
@@ -21,17 +32,49 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import DeviceError, VkspecError
+from ...shaders import float_controls
 from ...shaders import push as push_structs
+from ...shaders.build import ShaderError
 from ...shaders.spirv import Reflection, reflect
 
 SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
 FILL_GROUPS = 1024          # workgroups of a fill; each invocation strides over the words
 READ_WORDS = 1 << 18        # the readback buffer (1 MiB)
 FILL_CACHE = 256            # fill algorithms kept (the chain's arenas need a few dozen)
+KP_ERRORS = (RuntimeError, MemoryError, SystemError)
+
+__all__ = ["Device", "DeviceError", "Shader", "device_calls", "get_device", "load_shader"]
 
 
-class DeviceError(RuntimeError):
-    """A device that cannot run vkspec's exact path, or a failed device call."""
+def failure(what: str, e: BaseException) -> DeviceError:
+    """A DeviceError of one line for a failed device call."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return DeviceError(f"the Vulkan device failed {what}: {first}")
+
+
+@contextlib.contextmanager
+def device_calls(what: str):
+    """Inside: a failed kp call becomes DeviceError("the Vulkan device failed
+    <what>: <kp's first line>"). vkspec's own errors pass as they are."""
+    try:
+        yield
+    except (VkspecError, ShaderError):
+        raise
+    except KP_ERRORS as e:
+        raise failure(what, e) from e
+
+
+def on_device(what: str):
+    """device_calls around a whole method."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            with device_calls(what):
+                return fn(*args, **kwargs)
+        return inner
+    return wrap
 
 
 def _import_kp():
@@ -75,15 +118,34 @@ def load_shader(stem: str, variant: str | None = None) -> Shader:
     return Shader(stem, name, code, reflect(code))
 
 
-class Device:
-    """One Vulkan device. Create one per process (kp.Manager is heavy)."""
+def float_modes(info) -> list[str]:
+    """The float modes the shaders declare on this device (vkinfo.DeviceInfo
+    or None); VKSPEC_FLOAT_CONTROLS=0 declares none."""
+    fc = info.float_controls if info is not None else None
+    if fc is None or os.environ.get("VKSPEC_FLOAT_CONTROLS", "1") == "0":
+        return []
+    offered = {"SignedZeroInfNanPreserve": fc.signed_zero_inf_nan_preserve,
+               "DenormPreserve": fc.denorm_preserve, "RoundingModeRTE": fc.rounding_rte}
+    return [m for m in float_controls.MODES if offered[m]]
 
-    def __init__(self, index: int | None = None):
+
+class Device:
+    """One Vulkan device. Create one per process (kp.Manager is heavy).
+
+    ``check=False`` skips the refusal on a failed probe (vkspec doctor reports
+    it instead)."""
+
+    def __init__(self, index: int | None = None, check: bool = True):
+        from . import probe, vkinfo
         kp = self.kp = _import_kp()
         if index is None:
             index = int(os.environ.get("VKSPEC_DEVICE", "0"))
+        self.index = index
+        self.info = vkinfo.device(index)
+        self.float_modes = float_modes(self.info)
+        exts = [vkinfo.FLOAT_CONTROLS_EXT] if self.float_modes else []
         try:
-            self.mgr = kp.Manager(index)
+            self.mgr = kp.Manager(index, [], exts)
         except Exception as e:
             raise DeviceError(f"no Vulkan device {index}: {e}") from None
         props = self.mgr.get_device_properties()
@@ -92,13 +154,22 @@ class Device:
         # tensors, so an id cannot be reused by another tensor while cached
         self._fills: OrderedDict = OrderedDict()
         self._readback = None
-        self.denormals = probe_denormals(self)
-        if self.denormals != "preserve":
-            raise DeviceError(
-                f"{self.name} flushes float32 denormals ({self.denormals}); vkspec's exact "
-                "path needs IEEE gradual underflow, as NumPy computes it")
+        self._spirv: dict[str, bytes] = {}
+        with device_calls("in the start-up probe"):
+            self.probe = probe.run(self, load_shader("float_probe"))
+        if check and not self.probe.ok:
+            raise DeviceError(f"{self.name} does not compute float32 as vkspec's exact path needs: "
+                              f"{self.probe.line()} (--fallback cpu runs on the CPU instead)")
+
+    def spirv(self, shader: Shader) -> bytes:
+        """The shader's SPIR-V with this device's float modes."""
+        code = self._spirv.get(shader.name)
+        if code is None:
+            code = self._spirv[shader.name] = float_controls.add_modes(shader.spirv, self.float_modes)
+        return code
 
     # --- tensors ---------------------------------------------------------
+    @on_device("to make a tensor")
     def tensor(self, data: np.ndarray, kind: str = "device"):
         """A host-visible kp tensor (float32, uint32 or int32) holding ``data``:
         the buffers that cross every step (kp keeps a host copy of them)."""
@@ -112,6 +183,7 @@ class Device:
         self.upload(t)                 # kp fills only the host copy of a device tensor
         return t
 
+    @on_device("to allocate device memory")
     def storage(self, n: int, dtype=np.uint32):
         """n words of device memory, contents undefined. kp wants an array to
         size the tensor by and ignores its contents for storage tensors: an
@@ -119,6 +191,7 @@ class Device:
         dtype = np.float32 if np.dtype(dtype) == np.float32 else np.uint32
         return self.mgr.tensor_t(np.empty(max(int(n), 1), dtype=dtype), self.kp.TensorTypes.storage)
 
+    @on_device("to allocate device memory")
     def zeros(self, n: int, dtype=np.float32, kind: str = "storage"):
         """A tensor of n zero words; storage tensors are zeroed on the device
         (no host staging of their size)."""
@@ -159,6 +232,7 @@ class Device:
         for k in [k for k in self._fills if id(t) in k[1:]]:
             del self._fills[k]
 
+    @on_device("to read device memory")
     def read(self, t, offset: int, n: int, dtype=np.float32) -> np.ndarray:
         """Words offset..offset+n of any tensor, through one host-visible
         readback buffer (READ_WORDS at a time)."""
@@ -175,6 +249,7 @@ class Device:
         return out.view(np.dtype(dtype))
 
     # --- algorithms ------------------------------------------------------
+    @on_device("to create a pipeline")
     def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None):
         """A kp algorithm: ``tensors`` in binding order (as many as the shader
         declares), ``push`` the shader's push struct (None: it has none)."""
@@ -183,34 +258,18 @@ class Device:
             raise ValueError(f"{shader.name} binds {bound} buffers, got {len(tensors)}")
         wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)
         words = shader.pack(push) if push is not None else np.zeros(0, dtype=np.uint32)
-        return self.mgr.algorithm(list(tensors), shader.spirv, wg, np.zeros(0, dtype=np.uint32), words)
+        return self.mgr.algorithm(list(tensors), self.spirv(shader), wg, np.zeros(0, dtype=np.uint32), words)
 
     def sequence(self):
         return self.mgr.sequence()
 
+    @on_device("in an upload")
     def upload(self, *tensors):
         self.mgr.sequence().eval(self.kp.OpTensorSyncDevice(list(tensors)))
 
+    @on_device("in a download")
     def download(self, *tensors):
         self.mgr.sequence().eval(self.kp.OpTensorSyncLocal(list(tensors)))
-
-
-def probe_denormals(dev: "Device") -> str:
-    """'preserve' when the device computes float32 denormals as IEEE 754 does.
-
-    Runs x * y (a denormal product), d + 0 and d * 2**30 for a denormal d.
-    """
-    a = np.array([1e-20, 1e-20, 1e-40, 0.0, 2.0 ** 30], dtype=np.float32)
-    want = np.array([a[0] * a[1], a[2] + a[3], a[2] * a[4]], dtype=np.float32)
-    shader = load_shader("denormal_probe")
-    ta, to = dev.tensor(a), dev.tensor(np.zeros(3, np.float32))
-    algo = dev.algorithm(shader, [ta, to], 1)
-    dev.mgr.sequence().record(dev.kp.OpTensorSyncDevice([ta, to])) \
-        .record(dev.kp.OpAlgoDispatch(algo)).record(dev.kp.OpTensorSyncLocal([to])).eval()
-    got = to.data().copy()
-    if got.view(np.uint32).tolist() == want.view(np.uint32).tolist():
-        return "preserve"
-    return "flush-to-zero" if got[0] == 0 else f"unknown ({got.tolist()})"
 
 
 _DEVICE: Device | None = None

@@ -11,7 +11,7 @@ import numpy as np
 from ... import exact
 from ...formats.matrix import QWeight
 from ...shaders import push as P
-from .device import get_device, load_shader
+from .device import get_device, load_shader, on_device
 from .memory import Uploader
 
 
@@ -27,6 +27,7 @@ class VulkanOps:
     def __init__(self):
         self.dev = get_device()
 
+    @on_device("in an op")
     def _run(self, shader, inputs, outputs, groups, push):
         dev = self.dev
         ins = [dev.tensor(a) for a in inputs]
@@ -39,6 +40,7 @@ class VulkanOps:
         seq.eval()
         return [t.data().copy().reshape(a.shape) for t, a in zip(outs, outputs)]
 
+    @on_device("in a gemv")
     def gemv(self, w: QWeight, x: np.ndarray) -> np.ndarray:
         """The weight uploaded as it is stored (every part), 1 to 8 rows."""
         x = np.asarray(x, dtype=np.float32)

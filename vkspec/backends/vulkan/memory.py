@@ -26,8 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import pages
-from ...errors import VkspecError
+from ...errors import DeviceError, VkspecError
 from ...formats.matrix import FORMATS, QWeight
+
+
+def _size(b: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift:
+            return f"{b / (1 << shift):.2f} {unit}"
+    return f"{b} bytes"
 
 
 def max_buffer_bytes() -> int:
@@ -144,10 +151,15 @@ class Uploader:
     bounded staging buffer (staging_bytes()), so nothing is ever staged whole in
     host memory. A dry uploader (``dev`` None) makes nothing and only counts:
     the memory plan. ``fail_after`` injects an allocation failure (tests),
-    after that many more tensors."""
+    after that many more tensors. A failed allocation says what it asked for
+    and how much of the plan (``planned`` bytes) was in place.
+    ``progress(bytes)`` is told of every tensor made."""
 
-    def __init__(self, dev, arenas: dict[str, list[int]] | None = None):
+    def __init__(self, dev, arenas: dict[str, list[int]] | None = None, planned: int | None = None):
         self.dev = dev
+        self.planned = planned
+        self.progress = None
+        self.hit = None                       # the model's fault hook (faults.py: "alloc")
         self.fail_after: int | None = None
         self.made: dict[str, int] = {}
         self._names: dict[int, str] = {}
@@ -176,7 +188,7 @@ class Uploader:
         """Spans of these sizes will come next in a kind of their own."""
         self._planned[kind] = pack(sizes, max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS)
 
-    def span(self, name: str, words: int, kind: str) -> Span:
+    def span(self, name: str, words: int, kind: str, report: bool = True) -> Span:
         """`words` words for `name` in an arena of its kind (ARENA_KINDS; a
         kind "ring@4" is a generation of "ring")."""
         dtype, zeroed = ARENA_KINDS[kind.split("@")[0]]
@@ -187,17 +199,20 @@ class Uploader:
                               "VKSPEC_MAX_BUFFER_MB)")
         if name in self.made:
             raise ValueError(f"device tensor {name} made twice")
-        self._tick()
         arenas = self._arenas.setdefault(kind, [])
         a = arenas[-1] if arenas else None
+        make = None
         if a is None or a.used + need > a.cap:
             planned = self._planned.get(kind, [])
             cap = max(limit, need) if self.dev is None else (planned[len(arenas)] if len(arenas) < len(planned)
                                                              else need)
-            t = None
-            if self.dev is not None:
-                t = self.dev.zeros(cap, dtype) if zeroed else self.dev.storage(cap, dtype)
-            a = _Arena(t, cap)
+            a = _Arena(None, cap)
+            make = (lambda: self.dev.zeros(cap, dtype)) if zeroed else (lambda: self.dev.storage(cap, dtype))
+        if self.dev is not None:
+            t = self._allocate(name, need * 4, make or (lambda: None))
+            if make is not None:
+                a.t = t
+        if make is not None:
             arenas.append(a)
         sp = Span(a.t, a.used, int(words))
         a.used += need
@@ -205,6 +220,8 @@ class Uploader:
         self.made[name] = need * 4
         self._names[id(sp)] = name
         self._span_arena[id(sp)] = a
+        if report:
+            self._report(need * 4)
         return sp
 
     def vector(self, name: str, a: np.ndarray) -> Span:
@@ -218,19 +235,42 @@ class Uploader:
         if self.fail_after is not None:
             if self.fail_after <= 0:
                 self.fail_after = None
-                raise VkspecError("device allocation failed (injected)")
+                raise RuntimeError("vk::Device::allocateMemory: ErrorOutOfDeviceMemory (injected)")
             self.fail_after -= 1
 
-    def _made(self, name: str, words: int, make):
+    def _allocate(self, name: str, size: int, make):
+        """make() for `name` (size bytes); a failure says what was asked and
+        how much of the plan was in place."""
+        from .device import device_calls
+        try:
+            with device_calls("to allocate device memory"):
+                self._tick()
+                if self.hit is not None:
+                    self.hit("alloc", size)
+                return make()
+        except DeviceError as e:
+            cause = e.__cause__ or e
+            plan = f" of the plan's {_size(self.planned)}" if self.planned else ""
+            raise DeviceError(f"the Vulkan device could not allocate {name} ({_size(size)}) with "
+                              f"{_size(self.allocated)}{plan} in place: {str(cause).splitlines()[0]}") from cause
+
+    def _made(self, name: str, words: int, make, report: bool = True):
         if name in self.made:
             raise ValueError(f"device tensor {name} made twice")
-        self._tick()
-        self.made[name] = max(int(words), 1) * 4
+        size = max(int(words), 1) * 4
         if self.dev is None:
+            self.made[name] = size
             return None
-        t = make()
+        t = self._allocate(name, size, make)
+        self.made[name] = size
         self._names[id(t)] = name
+        if report:
+            self._report(size)
         return t
+
+    def _report(self, size: int):
+        if self.progress is not None:
+            self.progress(size)
 
     def zeros(self, name: str, n: int, dtype=np.float32, kind: str = "storage"):
         return self._made(name, n, lambda: self.dev.zeros(n, dtype, kind))
@@ -294,10 +334,12 @@ class Uploader:
         st = self._stage()
         if self.dev is None:
             return
-        seq = self.dev.sequence()
-        seq.record(self.dev.kp.OpTensorSyncDevice([st]))
-        self.dev.record_fill(seq, st, t, words, dst_off=dst_off)
-        seq.eval()
+        from .device import device_calls
+        with device_calls("in an upload"):
+            seq = self.dev.sequence()
+            seq.record(self.dev.kp.OpTensorSyncDevice([st]))
+            self.dev.record_fill(seq, st, t, words, dst_off=dst_off)
+            seq.eval()
 
     # --- weights -------------------------------------------------------------------------
     def weight(self, name: str, parts: list[QWeight], arena: bool = True) -> DevWeight:
@@ -327,10 +369,10 @@ class Uploader:
         rows = sum(p.rows for p in pieces)
         words = -(-rows * f.row_bytes // 4)
         if arena:
-            span = self.span(name, words, "weights")
+            span = self.span(name, words, "weights", report=False)
             data, w_off = span.t, span.off
         else:
-            data, w_off = self._made(name, words, lambda: self.dev.storage(words, np.uint32)), 0
+            data, w_off = self._made(name, words, lambda: self.dev.storage(words, np.uint32), report=False), 0
         stream = Stream(self, data, w_off)
         for p in pieces:
             chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
@@ -341,6 +383,7 @@ class Uploader:
         if self.dev is not None:
             for p in pieces:               # on the device now: the file's pages can go
                 pages.drop(p.data)
+        self._report(self.made[name])
         s_stride = f.scales_per_row
         sc = (np.concatenate([p.scales[p.stored(slice(0, p.rows))] for p in pieces]).astype(np.float32)
               if s_stride else np.zeros(1, np.float32))

@@ -5,6 +5,11 @@ The rooms: layout.py (what the chain holds, by name, and the memory plan),
 graph.py (the op table), recorder.py (one sequence per step shape),
 state.py (the watermark, regions and copy slots), step.py (the per-step
 block the sequences read), device.py (kp), memory.py (allocations).
+
+A failed device call in any method here is a DeviceError of one line
+(device.on_device); the state it leaves is the one before the call, as far
+as the host can tell (a forward that failed is undone by rewind(st, 0), the
+decoder's restore). ``faults`` (faults.py) injects failures for the tests.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import time
 import numpy as np
 
 from ...config import ModelConfig
-from ...errors import VkspecError
+from ...errors import DeviceError, VkspecError
 from ...weights import Weights
-from .device import get_device
+from .device import get_device, on_device
+from .faults import Faults
 from .layout import MAX_ROWS, Layout
 from .memory import Plan, Uploader, budget_bytes
 from .recorder import Recorder
@@ -31,26 +37,34 @@ class VulkanModel:
     backend = "vulkan"
     listed_step = LISTED_STEP
 
+    @on_device("while loading the model")
     def __init__(self, cfg: ModelConfig, w: Weights, ctx: int | None = None,
                  budget_gb: float | None = None, tier=None):
+        from ...progress import bar
+        from ...shaders.limits import check
         self.cfg = cfg
         self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
-        from ...shaders.limits import check
         problems = check(cfg)
         if problems:
             raise VkspecError(f"{cfg.source}: {problems[0]}; run it with --backend cpu")
+        self.faults: Faults | None = Faults.from_env()
         self.layout = Layout(cfg, w, self.ctx)
         self.tier = None
         if tier is not None:                 # the tier computes on the CPU: numba only then
             from ...tier.resident import ExpertTier
             self.tier = ExpertTier(self.layout, tier)
+            self.tier.hit = self._hit
         dry = Uploader.dry()
         self.layout.allocate(dry, tier=self.tier)
         self.plan = dry.plan()
         self.plan.check(budget_bytes(budget_gb))
         self.dev = get_device()
-        self.up = Uploader(self.dev, arenas=dry.arena_sizes())
-        self.b = self.layout.allocate(self.up, tier=self.tier)
+        self.up = Uploader(self.dev, arenas=dry.arena_sizes(), planned=self.plan.total)
+        self.up.hit = self._hit
+        with bar(self.plan.total, "uploading weights", unit="B") as progress:
+            self.up.progress = progress.update
+            self.b = self.layout.allocate(self.up, tier=self.tier)
+        self.up.progress = None
         self.states = DeviceStates(self.dev, self.up, self.layout, self.b)
         self.recorder = Recorder(self.layout, self.b, self.dev, self.up, self.tier)
         self._seqs: dict = {}
@@ -96,6 +110,11 @@ class VulkanModel:
             b *= 2
         return min(b, self.ctx)
 
+    def _hit(self, stage: str, rows: int = 0):
+        if self.faults is not None:
+            self.faults.hit(stage, rows)
+
+    @on_device("while recording the decoding shapes")
     def warm(self, length: int = 0, copies: int = 0, listed: int = 0, prompt: int = 0):
         """Record now the step shapes a run will meet, so that no forward pays
         for a pipeline build (Lavapipe compiles one at creation, ~0.15 s per
@@ -111,9 +130,6 @@ class VulkanModel:
             if self.states.current is None:
                 self.new_state()
             self._grow(copies + 2)
-        for i in range(0, prompt, MAX_ROWS):
-            n = min(MAX_ROWS, prompt - i)
-            self._sequence("main", n, self._bucket(i + n), n > 1)
         buckets = [self._bucket(max(prompt, 1))]
         while buckets[-1] < min(length, self.ctx):
             buckets.append(self._bucket(buckets[-1] + 1))
@@ -122,20 +138,27 @@ class VulkanModel:
             step, V = self.listed_step, self.cfg.vocab_size
             first = -(-listed // step) * step
             widths += sorted({min(V, first), min(V, first + step)})
+        from ...progress import bar
         drafts = copies > 0 or listed > 0
-        for bucket in buckets:
-            for n in range(1, (MAX_ROWS if drafts else 1) + 1):
-                self._sequence("main", n, bucket, False)
-                if self.has_mtp and drafts:
-                    for w in widths:
-                        self._sequence("mtp", n, bucket, n > 1, w)
+        shapes = [("main", min(MAX_ROWS, prompt - i), self._bucket(min(prompt, i + MAX_ROWS)),
+                   min(MAX_ROWS, prompt - i) > 1, 0) for i in range(0, prompt, MAX_ROWS)]
+        rows = range(1, (MAX_ROWS if drafts else 1) + 1)
+        shapes += [("main", n, bucket, False, 0) for bucket in buckets for n in rows]
+        if self.has_mtp and drafts:
+            shapes += [("mtp", n, bucket, n > 1, w) for bucket in buckets for n in rows for w in widths]
+        todo = list(dict.fromkeys(s for s in shapes if s not in self._seqs))
+        with bar(len(todo), "recording pipelines", unit="shape") as progress:
+            for shape in todo:
+                self._sequence(*shape)
+                progress.update(1)
 
     def _grow(self, regions: int):
         replaced = self.states.grow(regions)
         self._seqs.clear()
         self.recorder.forget(replaced)
 
-    def _run(self, segments):
+    def _run(self, segments, stage: str, rows: int):
+        self._hit(stage, rows)
         for seq, host in segments:
             if self.timing is None:
                 seq.eval()
@@ -147,8 +170,10 @@ class VulkanModel:
                 host()
 
     # --- the interface -----------------------------------------------------------
+    @on_device("while clearing the state")
     def new_state(self) -> DeviceState:
         """A fresh state. The device holds one: a new one replaces the last."""
+        self._hit("new_state")
         return self.states.new()
 
     def _validate(self, tokens, start):
@@ -176,9 +201,12 @@ class VulkanModel:
             self.last_mtp_picks = picks
         return hidden, logits
 
+    @on_device("in a forward")
     def forward(self, tokens, st: DeviceState, logits_rows: str = "all", copies: int | bool = 0):
         """Feed n <= MAX_ROWS tokens at positions kv_len..; see interface.Model."""
         self.states.check(st)
+        if self.tier is not None and self.tier.broken:
+            raise DeviceError(self.tier.broken)
         tokens = [int(t) for t in tokens]
         n = len(tokens)
         self._validate(tokens, st.kv_len)
@@ -191,18 +219,22 @@ class VulkanModel:
         last = logits_rows != "all" and n > 1
         segments, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
         st.block = (st.kv_len, n, st.live, regions)
-        self._run(segments)
+        self._run(segments, "forward", n)
         if self.tier is not None:
             self.tier.after_forward(n)
         st.kv_len += n
         st.live = regions[-1]
+        self._hit("readback", n)
         return self._rows("main", n, last, logits_t, picks_t)
 
+    @on_device("in a rewind")
     def rewind(self, st: DeviceState, keep: int):
         """Keep rows 0..keep-1 of the last block (0: none, the state before
         it): the watermark comes down and the region of row keep-1 becomes live."""
+        self._hit("rewind", keep)
         self.states.rewind(st, keep)
 
+    @on_device("in the MTP head")
     def mtp_forward(self, hidden, next_tokens, st: DeviceState, positions, logits_rows: str = "all", ids=None):
         """The MTP head on the device; see interface.Model. With
         logits_rows="last" the rows before the last only write their KV row
@@ -226,7 +258,7 @@ class VulkanModel:
             ids = np.asarray(ids, np.int64)
         listed = 0 if ids is None else self._list_ids(ids)
         segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last, listed)
-        self._run(segments)
+        self._run(segments, "mtp", n)
         hidden, logits = self._rows("mtp", n, last, logits_t, picks_t, ids, listed)
         return (hidden[-1:], logits) if last else (hidden, logits)
 
@@ -247,12 +279,17 @@ class VulkanModel:
             self._ids, self._ids_width = ids, width
         return width
 
+    @on_device("while copying the state to the host")
     def snapshot(self, st: DeviceState):
+        self._hit("snapshot")
         return self.states.snapshot(st)
 
+    @on_device("while copying a state to the device")
     def restore(self, st: DeviceState, snap):
+        self._hit("restore")
         self.states.restore(st, snap)
 
+    @on_device("while reading the state")
     def read_state(self, st: DeviceState):
         """The live state as host arrays (KV rows up to the watermark): for tests."""
         return self.states.read(st)

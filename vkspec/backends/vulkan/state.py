@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import VkspecError
+from ...errors import DeviceError, VkspecError
 from ...interface import HostState
+from .device import device_calls
 from .layout import MAX_ROWS, Buffers, DeltaMixer, Layout
 from .memory import Uploader
 
@@ -54,7 +55,8 @@ class DeviceStates:
             for m in self.recurrent:
                 for sp in (m.ring, m.ssm):
                     self.dev.record_fill(seq, None, sp.t, sp.n, dst_off=sp.off)
-            seq.eval()
+            with device_calls("while clearing the state"):
+                seq.eval()
         self.current = DeviceState(self)
         return self.current
 
@@ -91,14 +93,15 @@ class DeviceStates:
         except Exception as e:
             for _, _, _, sp in made:
                 self.up.release(sp)
-            raise VkspecError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
+            raise DeviceError(f"could not allocate {regions - 2} recurrent copy slots: {e}") from None
         seq = self.dev.sequence()
         for m, part, _, sp in made:
             old = getattr(m, part)
             words = old.n // self.regions
             self.dev.record_fill(seq, old.t, sp.t, words, src_off=old.off + st.live * words, dst_off=sp.off)
         if made:
-            seq.eval()
+            with device_calls("while copying the recurrent state"):
+                seq.eval()
         replaced = set()
         for m, part, name, sp in made:
             old = getattr(m, part)
