@@ -1,4 +1,5 @@
-"""Model configuration from a Hugging Face config.json (Qwen3-Next hybrids, Llama)."""
+"""Model configuration from a Hugging Face config.json (Qwen3-Next hybrids,
+Llama, Gemma 3 through vkspec.family_gemma3)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import family_gemma3
 from .errors import VkspecError
 
-SUPPORTED = ("qwen3_next", "llama")
+SUPPORTED = ("qwen3_next", "llama") + family_gemma3.MODEL_TYPES
 
 
 @dataclass
@@ -44,6 +46,14 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     tie_word_embeddings: bool = False
     norm_plus_one: bool = True      # Qwen3-Next's (1 + w) RMSNorm; Llama's is plain w
+    qk_norm: bool = False           # per-head RMSNorm of q and k before RoPE (besides the gated attention)
+    sandwich_norms: bool = False    # a norm on each sublayer's output before the residual add (Gemma 3)
+    hidden_act: str = "silu"        # the dense MLP's: "silu" | "gelu_tanh"
+    embedding_scale: float = 1.0    # the input embedding's rows times this float32 (not the lm_head)
+    attn_scale: float | None = None # scores times f32(this); None: head_dim ** -0.5
+    sliding_window: int = 0
+    layer_windows: list[int] = field(default_factory=list)      # per layer: keys at distance < w; 0 all
+    layer_rope_theta: list[float] = field(default_factory=list) # per layer RoPE base; empty: rope_theta
     dtype: str = "float32"
     eos_token_id: list[int] = field(default_factory=list)
     source: str = "config.json"
@@ -51,6 +61,17 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         return (self.num_experts > 0 and i not in self.mlp_only_layers
                 and (i + 1) % self.decoder_sparse_step == 0)
+
+    def window_of(self, i: int) -> int:
+        """Layer i attends keys at distance 0..w-1 (0: every earlier key)."""
+        return self.layer_windows[i] if i < len(self.layer_windows) else 0
+
+    def rope_theta_of(self, i: int) -> float:
+        return self.layer_rope_theta[i] if i < len(self.layer_rope_theta) else self.rope_theta
+
+    @property
+    def scores_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
 
     @property
     def rotary_dim(self) -> int:
@@ -74,6 +95,9 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
     mt = d.get("model_type")
     if mt not in SUPPORTED:
         raise VkspecError(f"{src}: unknown model_type {mt!r} (supported: {', '.join(SUPPORTED)})")
+    family = {}
+    if mt in family_gemma3.MODEL_TYPES:
+        d, family = family_gemma3.translate(d, src)
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
     theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
     if rope.get("rope_type", "default") not in ("default", None):
@@ -95,7 +119,7 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
         raise VkspecError(f"{src}: layer_types must list {layers} entries of "
                           "'linear_attention' or 'full_attention'")
     eos = d.get("eos_token_id")
-    cfg = ModelConfig(
+    kw = dict(
         model_type=mt, vocab_size=_need(d, "vocab_size", src, lo=1), hidden_size=hidden,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=head_dim, intermediate_size=int(d.get("intermediate_size", 0)),
@@ -121,6 +145,7 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
         eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
         source=src,
     )
+    cfg = ModelConfig(**{**kw, **family})
     _check_ranges(cfg, src)
     return cfg
 
@@ -132,7 +157,7 @@ def _check_ranges(c: ModelConfig, src: str) -> None:
         bad("partial_rotary_factor", "must be in (0, 1]")
     if c.rotary_dim % 2:
         bad("partial_rotary_factor", "head_dim * factor must be even")
-    if c.rope_theta <= 0:
+    if c.rope_theta <= 0 or any(t <= 0 for t in c.layer_rope_theta):
         bad("rope_theta", "must be > 0")
     if "linear_attention" in c.layer_types:
         for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",

@@ -18,18 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
+from . import family_gemma3
 from .errors import VkspecError
 from .formats import ggml
 from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
 from .gguf_reader import read_gguf
 
-ARCHITECTURES = ("llama",)
+ARCHITECTURES = ("llama", family_gemma3.GGUF_ARCH)
 _LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight",
                 "post_attention_layernorm.weight": "ffn_norm.weight",
                 "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
                 "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
                 "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                 "mlp.down_proj.weight": "ffn_down.weight"}
+_ARCH_LAYER_NAMES = {family_gemma3.GGUF_ARCH: family_gemma3.GGUF_LAYER_NAMES}
 
 
 def is_gguf(path) -> bool:
@@ -47,6 +49,7 @@ class GgufFile:
         if self.arch not in ARCHITECTURES:
             raise VkspecError(f"{self.path}: architecture {self.arch!r} is not supported "
                               f"({', '.join(ARCHITECTURES)})")
+        self.layer_names = _ARCH_LAYER_NAMES.get(self.arch, _LAYER_NAMES)
 
     def meta(self, key, default=None):
         return self.g.metadata.get(key, default)
@@ -57,6 +60,8 @@ class GgufFile:
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:
         a = self.arch
+        if a == family_gemma3.GGUF_ARCH:
+            return family_gemma3.gguf_config(self.meta, self.tensors, self.path)
         need = lambda k: self._need(f"{a}.{k}")  # noqa: E731
         heads = int(need("attention.head_count"))
         hidden = int(need("embedding_length"))
@@ -91,8 +96,8 @@ class GgufFile:
         if name == "lm_head.weight":
             return "output.weight"
         parts = name.split(".")
-        if parts[:2] == ["model", "layers"] and ".".join(parts[3:]) in _LAYER_NAMES:
-            return f"blk.{parts[2]}.{_LAYER_NAMES['.'.join(parts[3:])]}"
+        if parts[:2] == ["model", "layers"] and ".".join(parts[3:]) in self.layer_names:
+            return f"blk.{parts[2]}.{self.layer_names['.'.join(parts[3:])]}"
         return name
 
     def __contains__(self, name: str) -> bool:
@@ -141,6 +146,8 @@ class GgufFile:
     # --- tokenizer ----------------------------------------------------------------------
     def tokenizer(self):
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        if self.arch == family_gemma3.GGUF_ARCH and self.meta("tokenizer.ggml.model") == "llama":
+            return family_gemma3.tokenizer(self.meta, self.path)
         if self.meta("tokenizer.ggml.model") != "gpt2":
             raise VkspecError(f"{self.path}: tokenizer model {self.meta('tokenizer.ggml.model')!r} "
                               "is not supported (gpt2 byte-level BPE)")
@@ -161,6 +168,11 @@ class GgufFile:
 
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
+
+    def bos_to_add(self) -> int | None:
+        """The id a prompt starts with when the file says add_bos_token (Gemma's <bos>)."""
+        bos = self.meta("tokenizer.ggml.bos_token_id")
+        return int(bos) if self.meta("tokenizer.ggml.add_bos_token") and bos is not None else None
 
 
 def unpermute_rope_order(rows: int, heads: int) -> np.ndarray:

@@ -8,11 +8,19 @@ from .errors import VkspecError
 
 
 class Tok:
-    def __init__(self, tk):
-        self.tk = tk
+    """``bos``: the id every prompt starts with (a GGUF's add_bos_token, as
+    llama.cpp does; Gemma needs its <bos>), added once: a text that already
+    begins with it (a chat template that writes it) gets no second one."""
+
+    def __init__(self, tk, bos: int | None = None):
+        self.tk, self.bos = tk, bos
 
     def encode(self, text: str) -> list[int]:
-        return self.tk.encode(text, add_special_tokens=False).ids
+        return self.with_bos(self.tk.encode(text, add_special_tokens=False).ids)
+
+    def with_bos(self, ids) -> list[int]:
+        ids = list(ids)
+        return ids if self.bos is None or ids[:1] == [self.bos] else [self.bos] + ids
 
     def decode(self, ids) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=False)
@@ -31,7 +39,8 @@ def find_tokenizer(model_dir) -> Tok | None:
 def load_tokenizer(model_dir) -> Tok:
     from .gguf_file import GgufFile, is_gguf
     if is_gguf(model_dir):
-        return Tok(GgufFile(model_dir).tokenizer())
+        f = GgufFile(model_dir)
+        return Tok(f.tokenizer(), f.bos_to_add())
     path = Path(model_dir) / "tokenizer.json"
     if not path.exists():
         raise VkspecError(f"{model_dir}: no tokenizer.json (use --prompt-ids)")

@@ -22,6 +22,8 @@ class AttnW:
     q_norm: np.ndarray | None
     k_norm: np.ndarray | None
     gated: bool
+    window: int = 0                    # keys at distance 0..window-1 from the query (0: all)
+    rope_theta: float | None = None    # this layer's RoPE base (None: the model's)
 
 
 @dataclass
@@ -57,6 +59,10 @@ class LayerW:
     post_norm: np.ndarray
     mixer: AttnW | DeltaW
     ffn: MlpW | MoeW
+    # sandwich norms (Gemma 3): the mixer's and the FFN's outputs normed before
+    # their residual adds (post_norm is then the pre-FFN norm)
+    mixer_out_norm: np.ndarray | None = None
+    ffn_out_norm: np.ndarray | None = None
 
 
 @dataclass

@@ -35,6 +35,7 @@ ATTEND = Op("attend", ("q", "kv", "s", "o", STEP), P.Attend)
 CONV_STEP = Op("conv_step", ("x", "w", "ring", "y", STEP), P.ConvStep)
 DELTANET = Op("deltanet", ("mixed", "ba", "par", "prep", "state", "o", STEP), P.Deltanet)
 SILU_MUL = Op("silu_mul", ("x", "y"), P.SiluMul)
+GELU_MUL = Op("gelu_mul", ("x", "y"), P.GeluMul)
 ROUTE = Op("route", ("logits", "idx", "wt"), P.Route)
 MOE_COMBINE = Op("moe_combine", ("x", "y", "wt", "sh", "gate"), P.MoeCombine)
 ARGMAX = Op("argmax", ("x", "y"), P.Argmax)
@@ -42,7 +43,7 @@ SOFTMAX = Op("softmax", ("x", "y"), P.Softmax)          # the op tests (immediat
 FILL = Op("fill", ("x", "y"), P.Fill)
 
 OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, RMSNORM, RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP,
-       DELTANET, SILU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
+       DELTANET, SILU_MUL, GELU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
 
 
 def groups(n: int, local: int = 64) -> int:

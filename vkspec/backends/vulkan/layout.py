@@ -126,6 +126,9 @@ class AttnMixer:
     k_norm: object
     kc: object                       # KV cache, (ctx, nkv, hd) each
     vc: object
+    cos: object = None               # this layer's RoPE tables (one pair per base, shared)
+    sin: object = None
+    window: int = 0                  # keys at distance 0..window-1 (0: all)
 
 
 @dataclass
@@ -146,6 +149,8 @@ class Layer:
     out: DevWeight
     mixer: AttnMixer | DeltaMixer
     ffn: Ffn
+    mixer_out_norm: object = None    # sandwich norms (Gemma 3), see weights.LayerW
+    ffn_out_norm: object = None
 
     @property
     def attention(self) -> bool:
@@ -179,6 +184,7 @@ class Scratch:
     fcin: object       # the MTP head's fc input
     mx: object         # the MTP head's residual stream
     mtp_in: object     # the trunk's hidden rows the head reads
+    sub: object        # a sublayer's output before its sandwich norm (Gemma 3)
 
 
 HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
@@ -234,7 +240,8 @@ class Layout:
             act=R * d.k * inter, rlog=R * (d.E + 1), ridx=R * d.k * self.n_moe,
             rwt=R * d.k * self.n_moe,
             ey=R * d.k * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d.k * d.H,
-            sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp)
+            sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp,
+            sub=R * d.Hp if self.cfg.sandwich_norms else 1)
 
     def release_host(self):
         """After the upload the device holds every weight: the host lets go of
@@ -263,6 +270,12 @@ class Layout:
                     step=up.zeros("scratch:step", words, np.uint32, "device"),
                     mtp_step=up.zeros("scratch:mtp_step", words, np.uint32, "device"),
                     mtp_last=up.zeros("scratch:mtp_last", words, np.uint32, "device"))
+        self.ropes = {None: (b.cos, b.sin)}     # one table pair per RoPE base
+        for lw in self.layers_w:
+            theta = getattr(lw.mixer, "rope_theta", None)
+            if theta not in self.ropes:
+                c, s_ = rope_tables(self.cfg, self.ctx, theta)
+                self.ropes[theta] = (up.array(f"rope:cos@{theta:g}", c), up.array(f"rope:sin@{theta:g}", s_))
         if self.w.mtp:
             m = self.w.mtp
             b.fc = up.weight("weights:mtp.fc", [m.fc])
@@ -304,7 +317,8 @@ class Layout:
             mixer = AttnMixer(m.gated,
                               up.array(f"weights:{p}.q_norm", m.q_norm) if m.q_norm is not None else None,
                               up.array(f"weights:{p}.k_norm", m.k_norm) if m.k_norm is not None else None,
-                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n))
+                              up.zeros(f"kv:{p}.k", n), up.zeros(f"kv:{p}.v", n),
+                              *self.ropes[m.rope_theta], window=m.window)
         else:
             mixer = DeltaMixer(up.array(f"weights:{p}.conv", m.conv),
                                up.array(f"weights:{p}.dt_bias_a",
@@ -312,8 +326,10 @@ class Layout:
                                up.array(f"weights:{p}.norm", m.norm),
                                up.zeros(f"state:{p}.conv", regions * (d.K - 1) * d.cd),
                                up.zeros(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv))
+        sandwich = {k: up.array(f"weights:{p}.{k}", getattr(lw, k))
+                    for k in ("mixer_out_norm", "ffn_out_norm") if getattr(lw, k) is not None}
         return Layer(i, up.array(f"weights:{p}.in_norm", lw.in_norm),
                      up.array(f"weights:{p}.post_norm", lw.post_norm),
                      up.weight(f"weights:{p}.mix", host.mix), up.weight(f"weights:{p}.out", host.out),
-                     mixer, ffn)
+                     mixer, ffn, **sandwich)
 
