@@ -157,3 +157,17 @@ def test_layer_types_default_to_the_pattern_of_six():
     c = from_dict(d)
     assert [i for i, w in enumerate(c.layer_windows) if w == 0] == [5, 11]
     assert c.rope_theta_of(5) == 1e6 and c.rope_theta_of(0) == 1e4 and c.scores_scale == 256 ** -0.5
+
+
+def test_bos_is_added_once_where_the_tokenizer_config_asks(tmp_path):
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from vkspec.tokenizer import load_tokenizer
+    tk = Tokenizer(models.WordLevel({"<unk>": 0, "<bos>": 1, "a": 2, "b": 3}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.add_special_tokens([AddedToken("<bos>", special=True, normalized=False)])
+    tk.save(str(tmp_path / "tokenizer.json"))
+    assert load_tokenizer(tmp_path).encode("a b") == [2, 3]          # no tokenizer_config.json
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "bos_token": "<bos>"}))
+    tok = load_tokenizer(tmp_path)
+    assert tok.encode("a b") == [1, 2, 3]
+    assert tok.encode("<bos>a b") == [1, 2, 3]                         # a template that writes it: once

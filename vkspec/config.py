@@ -159,6 +159,8 @@ def _check_ranges(c: ModelConfig, src: str) -> None:
         bad("partial_rotary_factor", "head_dim * factor must be even")
     if c.rope_theta <= 0 or any(t <= 0 for t in c.layer_rope_theta):
         bad("rope_theta", "must be > 0")
+    if any(w < 0 for w in c.layer_windows):
+        bad("layer_windows", "a window is >= 0")
     if "linear_attention" in c.layer_types:
         for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim"):

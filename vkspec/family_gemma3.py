@@ -28,8 +28,12 @@ agree. Softcapping (Gemma 2 style) is refused.
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import numpy as np
 
+from .cachedir import cache_root
 from .errors import VkspecError
 
 MODEL_TYPES = ("gemma3_text",)
@@ -187,24 +191,51 @@ def tokenizer(meta, path):
     way transformers 5.18 rebuilds it (integrations/gguf/gguf_tokenizer_mapping
     gemma_tokenizer + GemmaTokenizer): tokens of only spaces respelled with
     U+2581, merges recovered from the vocabulary in file order, byte fallback,
-    spaces as U+2581; control tokens are special."""
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
-    from tokenizers.models import BPE
+    spaces as U+2581; control tokens are special.
+
+    Recovering 515k merges takes seconds, so the result is kept in the user's
+    cache under a hash of everything it is made from (a changed vocabulary is
+    a new file; an unwritable cache only costs the time)."""
+    from tokenizers import Tokenizer
     tokens = meta("tokenizer.ggml.tokens")
     if tokens is None:
         raise VkspecError(f"{path}: no tokenizer.ggml.tokens")
     tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = _merges(tokens, vocab)
+    types = meta("tokenizer.ggml.token_type")
+    types = [] if types is None else np.asarray(types).tolist()
     unk = tokens[int(meta("tokenizer.ggml.unknown_token_id", 3))]
-    tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token=unk, byte_fallback=True))
+    key = hashlib.sha256("\0".join([_TOKENIZER_RECIPE, unk, ",".join(map(str, types))] + tokens)
+                         .encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    cached = cache_root() / "tokenizers" / f"gemma-{key}.json"
+    try:
+        return Tokenizer.from_file(str(cached))
+    except Exception:                        # noqa: BLE001 - absent or unreadable: build it
+        pass
+    tk = _build_tokenizer(tokens, types, unk)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(tk.to_str())
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return tk
+
+
+_TOKENIZER_RECIPE = "gemma-spm-bpe-1"        # change when _build_tokenizer changes
+
+
+def _build_tokenizer(tokens, types, unk):
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tk = Tokenizer(BPE(vocab=vocab, merges=_merges(tokens, vocab), fuse_unk=True, unk_token=unk,
+                       byte_fallback=True))
     tk.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
     tk.normalizer = normalizers.Replace(" ", "\u2581")
     tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    types = meta("tokenizer.ggml.token_type")
-    if types is not None:
-        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                               for t, ty in zip(tokens, np.asarray(types).tolist()) if ty == 3])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, types) if ty == 3])
     return tk
 
 

@@ -46,6 +46,22 @@ def load_tokenizer(model_dir) -> Tok:
         raise VkspecError(f"{model_dir}: no tokenizer.json (use --prompt-ids)")
     from tokenizers import Tokenizer
     try:
-        return Tok(Tokenizer.from_file(str(path)))
+        tk = Tokenizer.from_file(str(path))
     except Exception as e:
         raise VkspecError(f"{path}: not a readable tokenizer ({str(e).splitlines()[0]})") from None
+    return Tok(tk, _bos_of_config(Path(model_dir) / "tokenizer_config.json", tk))
+
+
+def _bos_of_config(path: Path, tk) -> int | None:
+    """tokenizer_config.json's bos_token when it says add_bos_token (Gemma's
+    Hugging Face checkpoints do; the text is encoded without the tokenizer's
+    own special tokens, so vkspec adds it, once)."""
+    import json
+    try:
+        d = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError) as e:
+        raise VkspecError(f"{path}: unreadable ({e})") from None
+    bos = d.get("bos_token") if isinstance(d, dict) and d.get("add_bos_token") else None
+    if isinstance(bos, dict):
+        bos = bos.get("content")
+    return tk.token_to_id(bos) if isinstance(bos, str) else None
