@@ -209,10 +209,15 @@ def test_compiled_vecmats_are_the_numpy_definition(batch, n, L, d, monkeypatch):
     lens = np.maximum(1, L - np.arange(n) * 7)
     if L > lens[-1]:
         v[-1, lens[-1]:, -1] = np.inf               # outside the last row's reach
-    compiled = cpu_ops.vecmats(x, v, lens)
+    starts = np.minimum(lens - 1, np.arange(n) * 3)  # sliding windows: v before them never read
+    vw = v.copy()
+    if starts[-1]:
+        vw[-1, starts[-1] - 1, -1] = np.inf
+    compiled, windowed = cpu_ops.vecmats(x, v, lens), cpu_ops.vecmats(x, vw, lens, starts)
     monkeypatch.setattr(cpu_jit, "ENABLED", False)
     bits_equal(compiled, cpu_ops.vecmats(x, v, lens))
-    assert np.isfinite(compiled[-1, -1]).all()
+    bits_equal(windowed, cpu_ops.vecmats(x, vw, lens, starts))
+    assert np.isfinite(compiled[-1, -1]).all() and np.isfinite(windowed[-1, -1]).all()
 
 
 @pytest.mark.parametrize("poison", [False, True])

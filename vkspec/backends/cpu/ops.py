@@ -133,10 +133,11 @@ def vecmats(x, v, lens=None, starts=None) -> np.ndarray:
         return jit.weighted_rows(x, v, lens, starts)
     out = np.empty((x.shape[0], x.shape[1], v.shape[2]), f32)
     for r, n in enumerate(lens):
-        vr = v[:, :n].copy()
-        vr[:, :starts[r]] = 0.0
-        xr = x[:, r, None, :n].copy()
-        xr[..., :starts[r]] = 0.0
+        xr, vr = x[:, r, None, :n], v[:, :n]
+        if starts[r]:                               # +0 terms: 0 * 0, whatever v holds there
+            xr, vr = xr.copy(), vr.copy()
+            xr[..., :starts[r]] = 0.0
+            vr[:, :starts[r]] = 0.0
         out[:, r] = exact.dot(xr, vr.transpose(0, 2, 1))
     return out
 

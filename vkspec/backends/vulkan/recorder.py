@@ -200,7 +200,7 @@ class Recorder:
                      z_stride=Pw, z_inner=d.dv)
         self.out(L.out, L.mixer_out_norm, s.dn_n, padded(d.nv * d.dv), x, n, 0)
 
-    def silu_mul(self, x, y, rows, n, x_stride, y_stride, act="silu"):
+    def act_mul(self, x, y, rows, n, x_stride, y_stride, act="silu"):
         """act(g) * u: silu_mul.comp, or gelu_mul.comp for act "gelu_tanh"."""
         op, push = (G.GELU_MUL, P.GeluMul) if act == "gelu_tanh" else (G.SILU_MUL, P.SiluMul)
         self.rec.op(op, None, groups(rows * n), push(rows=rows, n=n, x_stride=x_stride, y_stride=y_stride),
@@ -211,7 +211,7 @@ class Recorder:
         d, s, f = self.d, self.s, L.ffn
         inter, width = padded(f.down.cols), f.gate_up.rows // 2
         self.gemv(f.gate_up, s.h, s.proj, n, x_stride=d.Hp)
-        self.silu_mul(s.proj, s.act, n, width, 2 * width, inter, self.cfg.hidden_act)
+        self.act_mul(s.proj, s.act, n, width, 2 * width, inter, self.cfg.hidden_act)
         self.out(f.down, L.ffn_out_norm, s.act, inter, x, n, x_off)
 
     def moe(self, L: Layer, x, n, x_off=0):
@@ -229,13 +229,13 @@ class Recorder:
             self.rec.host(self.tier.host_step(f, n))
             self.rec.sync_device([s.ed, f.smap])
         self.routed(f.gate_up, s.h, s.ey, n * k, k, d.Hp, 2 * mi, 2 * mi, f.smap, off)
-        self.silu_mul(s.ey, s.act, n * k, mi, 2 * mi, padded(mi))
+        self.act_mul(s.ey, s.act, n * k, mi, 2 * mi, padded(mi))
         self.routed(f.down, s.act, s.ed, n * k, 1, padded(mi), H, H, f.smap, off)
         shared = f.sh_down is not None
         if shared:
             si, w2 = padded(f.sh_down.cols), f.sh_gate_up.rows // 2
             self.gemv(f.sh_gate_up, s.h, s.proj, n, x_stride=d.Hp)
-            self.silu_mul(s.proj, s.act, n, w2, 2 * w2, si, self.cfg.hidden_act)
+            self.act_mul(s.proj, s.act, n, w2, 2 * w2, si, self.cfg.hidden_act)
             self.gemv(f.sh_down, s.act, s.sh, n, x_stride=si, y_stride=H)
         self.rec.op(G.MOE_COMBINE, "shared" if shared else "routed", groups(n * H),
                     P.MoeCombine(rows=n, n=H, k=k, x_off=x_off, x_stride=d.Hp, y_stride=H, s_stride=H,
