@@ -114,15 +114,14 @@ def _translate(d: dict, src: str) -> tuple[dict, dict]:
     if "sliding_attention" in types and window < 1:
         raise VkspecError(f"{src}: sliding_window = {d.get('sliding_window')} (must be >= 1)")
     full, local = _rope(d, src)
-    heads = int(d.get("num_attention_heads") or 1)
     head_dim = int(d.get("head_dim") or 256)
-    scalar = float(d.get("query_pre_attn_scalar") or 256)
+    scalar = float(256 if d.get("query_pre_attn_scalar") is None else d["query_pre_attn_scalar"])
     if scalar <= 0:
         raise VkspecError(f"{src}: query_pre_attn_scalar = {scalar} (must be > 0)")
     sliding = [t == "sliding_attention" for t in types]
     out = {k: v for k, v in d.items() if k not in ("rope_parameters", "rope_scaling", "layer_types")}
     out.update(layer_types=["full_attention"] * layers, rope_theta=full, head_dim=head_dim,
-               num_attention_heads=heads, tie_word_embeddings=d.get("tie_word_embeddings", True))
+               tie_word_embeddings=d.get("tie_word_embeddings", True))
     fields = dict(
         norm_plus_one=not d.get("_norms_stored_plus_one", False), qk_norm=True, sandwich_norms=True,
         hidden_act="gelu_tanh", embedding_scale=float(np.float32(hidden ** 0.5)),
