@@ -214,10 +214,15 @@ def test_compiled_vecmats_are_the_numpy_definition(batch, n, L, d, monkeypatch):
     lens = np.maximum(1, L - np.arange(n) * 7)
     if L > lens[-1]:
         v[-1, lens[-1]:, -1] = np.inf               # outside the last row's reach
-    compiled = cpu_ops.vecmats(x, v, lens)
+    starts = np.minimum(lens - 1, np.arange(n) * 3)  # sliding windows: v before them never read
+    vw = v.copy()
+    if starts[-1]:
+        vw[-1, starts[-1] - 1, -1] = np.inf
+    compiled, windowed = cpu_ops.vecmats(x, v, lens), cpu_ops.vecmats(x, vw, lens, starts)
     monkeypatch.setattr(cpu_jit, "ENABLED", False)
     bits_equal(compiled, cpu_ops.vecmats(x, v, lens))
-    assert np.isfinite(compiled[-1, -1]).all()
+    bits_equal(windowed, cpu_ops.vecmats(x, vw, lens, starts))
+    assert np.isfinite(compiled[-1, -1]).all() and np.isfinite(windowed[-1, -1]).all()
 
 
 @pytest.mark.parametrize("poison", [False, True])
@@ -239,6 +244,37 @@ def test_attention_block_rows_equal_the_definition(poison):
         alone = cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.125))
         bits_equal(block[i], alone)
     assert np.isfinite(block[0]).all()
+
+
+@pytest.mark.parametrize("window", [1, 20, 140])
+def test_sliding_window_attention_rows_equal_the_definition(window):
+    """cpu.attend with a window (the compiled path, which skips the 128-column
+    blocks before the block's first window) gives each row attend_row's bits;
+    keys before a row's window have probability +0 and their values are never
+    read (inf there changes nothing); and the definition is the masked
+    softmax attention over the keys at distance 0..window-1 (float64, 1e-6)."""
+    rng = np.random.default_rng(window)
+    L, n, nh, nkv, hd = 300, 7, 4, 2, 32
+    kc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, nh, hd)).astype(np.float32)
+    lens = np.arange(L - n, L) + 1
+    first = int(lens[0]) - window                  # the first key any row attends
+    if first > 0:
+        vc[first - 1] = np.inf
+        kc[first - 1] = np.nan
+    block = cpu_ops.attend(q, kc, vc, lens, np.float32(0.25), window)
+    for i in range(n):
+        alone = cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.25), window)
+        bits_equal(block[i], alone)
+        lo = max(0, int(lens[i]) - window)
+        k64 = kc[lo:lens[i]].astype(np.float64)[:, np.arange(nh) // 2]        # (w, nh, hd)
+        s = np.einsum("hd,whd->hw", q[i].astype(np.float64), k64) * 0.25
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        want = np.einsum("hw,whd->hd", p, vc[lo:lens[i]].astype(np.float64)[:, np.arange(nh) // 2])
+        assert np.abs(block[i] - want).max() < 1e-6
+    assert np.isfinite(block).all()
 
 
 def _bit_patterns(n=1 << 20):

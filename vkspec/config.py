@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import families
+from . import families, family_gemma3
 from .errors import VkspecError
 
 SUPPORTED = tuple(families.FAMILIES)
@@ -46,11 +46,18 @@ class ModelConfig:
     num_nextn_predict_layers: int = 0
     tie_word_embeddings: bool = False
     # feature flags (vkspec.families says which family has which)
-    norm_plus_one: bool = True      # (1 + w) RMSNorms (HF Qwen3-Next / Qwen3.5); else plain w
+    norm_plus_one: bool = True      # (1 + w) RMSNorms (HF Qwen3-Next / Qwen3.5, Gemma 3); else plain w
     qk_norm: bool = False           # per-head RMSNorm of q and k before RoPE
     attn_gate: bool = False         # q_proj yields [q | gate] per head; output * sigmoid(gate)
     qkv_bias: bool = False          # q, k, v projections have biases
     o_bias: bool = False            # o_proj has a bias
+    sandwich_norms: bool = False    # a norm on each sublayer's output before the residual add (Gemma 3)
+    hidden_act: str = "silu"        # the dense MLP's: "silu" | "gelu_tanh"
+    embedding_scale: float = 1.0    # the input embedding's rows times this float32 (not the lm_head)
+    attn_scale: float | None = None # scores times f32(this); None: head_dim ** -0.5
+    sliding_window: int = 0
+    layer_windows: list[int] = field(default_factory=list)      # per layer: keys at distance < w; 0 all
+    layer_rope_theta: list[float] = field(default_factory=list) # per layer RoPE base; empty: rope_theta
     dtype: str = "float32"
     eos_token_id: list[int] = field(default_factory=list)
     source: str = "config.json"
@@ -58,6 +65,17 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         return (self.num_experts > 0 and i not in self.mlp_only_layers
                 and (i + 1) % self.decoder_sparse_step == 0)
+
+    def window_of(self, i: int) -> int:
+        """Layer i attends keys at distance 0..w-1 (0: every earlier key)."""
+        return self.layer_windows[i] if i < len(self.layer_windows) else 0
+
+    def rope_theta_of(self, i: int) -> float:
+        return self.layer_rope_theta[i] if i < len(self.layer_rope_theta) else self.rope_theta
+
+    @property
+    def scores_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.attn_scale is None else self.attn_scale
 
     @property
     def rotary_dim(self) -> int:
@@ -80,6 +98,9 @@ def _need(d: dict, key: str, src: str, typ=int, lo=None):
 def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
     d = families.text_config(d)
     fam = families.family(d, src)
+    extra = {}
+    if d["model_type"] in family_gemma3.MODEL_TYPES:   # sliding layers, GELU: per-layer fields
+        d, extra = family_gemma3.translate(d, src)
     mt = d["model_type"]
     families.refuse_unsupported(d, src)
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
@@ -123,7 +144,7 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
         eos_token_id=[eos] if isinstance(eos, int) else list(eos or []),
         source=src,
     )
-    cfg = ModelConfig(**{**kw, **families.flags(d, fam)})
+    cfg = ModelConfig(**{**kw, **families.flags(d, fam), **extra})
     _check_ranges(cfg, src)
     return cfg
 
@@ -135,8 +156,10 @@ def _check_ranges(c: ModelConfig, src: str) -> None:
         bad("partial_rotary_factor", "must be in (0, 1]")
     if c.rotary_dim % 2:
         bad("partial_rotary_factor", "head_dim * factor must be even")
-    if c.rope_theta <= 0:
+    if c.rope_theta <= 0 or any(t <= 0 for t in c.layer_rope_theta):
         bad("rope_theta", "must be > 0")
+    if any(w < 0 for w in c.layer_windows):
+        bad("layer_windows", "a window is >= 0")
     if "linear_attention" in c.layer_types:
         for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim", "linear_conv_kernel_dim"):

@@ -54,6 +54,7 @@ _SQRTHF = f32(0.707106781186547524)
 _RCP_A, _RCP_B = f32(48.0 / 17.0), f32(32.0 / 17.0)
 _RSQRT_MAGIC = u32(0x5F3759DF)
 _SOFTPLUS_THRESHOLD = f32(20.0)
+_GELU_C, _GELU_K = f32(np.sqrt(2.0 / np.pi)), f32(0.044715)      # GELU-tanh: sqrt(2/pi), the cubic term
 _TWO24 = f32(16777216.0)
 
 
@@ -176,6 +177,14 @@ def _silu(x):
     return x * _sigmoid(x)
 
 
+def _gelu_tanh(x):
+    """GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x sigmoid(2u),
+    u = sqrt(2/pi) (x + 0.044715 x^3); built from exp and recip (no tanh),
+    and more accurate than the 1 + tanh form where x is very negative."""
+    u = _GELU_C * (x + _GELU_K * ((x * x) * x))
+    return x * _sigmoid(u + u)
+
+
 def _log1p(u):
     """log(1 + u) for u >= -1 (Goldberg: log(w) * u / (w - 1), w = 1 + u)."""
     w = ONE + u
@@ -189,7 +198,7 @@ def _softplus(x):
 
 
 FORMULAS = (is_nan, is_zero, _pow2, _scale, _unsubnormal, _exp, _log, _recip, _rsqrt, _sigmoid, _silu,
-            _log1p, _softplus)
+            _log1p, _softplus, _gelu_tanh)
 
 
 def _elementwise(formula, name: str):
@@ -206,9 +215,10 @@ exp, log, recip, rsqrt = (_elementwise(_exp, "exp"), _elementwise(_log, "log"),
                           _elementwise(_recip, "recip"), _elementwise(_rsqrt, "rsqrt"))
 sigmoid, silu, softplus, log1p = (_elementwise(_sigmoid, "sigmoid"), _elementwise(_silu, "silu"),
                                   _elementwise(_softplus, "softplus"), _elementwise(_log1p, "log1p"))
+gelu_tanh = _elementwise(_gelu_tanh, "gelu_tanh")
 
 # core_eval.comp's `op` indexes this list
-ELEMENTWISE = (exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p)
+ELEMENTWISE = (exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p, gelu_tanh)
 
 
 def _arr(x) -> np.ndarray:

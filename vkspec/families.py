@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from . import family_gemma3
 from .errors import VkspecError
 
 
@@ -50,6 +51,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_next": _NEXT,
     "qwen3_5": replace(_NEXT, moe="none"), "qwen3_5_text": replace(_NEXT, moe="none"),
     "qwen3_5_moe": replace(_NEXT, moe="all"), "qwen3_5_moe_text": replace(_NEXT, moe="all"),
+    # the rest of Gemma 3 (sandwich norms, windows, GELU) is family_gemma3.translate's
+    **{mt: Family(norm_plus_one=True, qk_norm=True) for mt in family_gemma3.MODEL_TYPES},
 }
 
 
@@ -147,6 +150,7 @@ class GgufArch:
     permute_qk: bool = False          # llama.cpp's interleaved-RoPE q/k rows (llama only)
     hybrid: bool = False              # ssm.* keys, nextn MTP blocks counted in block_count
     stored_plus_one: bool = False     # norms written as 1 + w (then norm_plus_one is off)
+    config: object = None             # (meta, tensors, path) -> config dict, for a family of its own
 
 
 GGUF_ARCHS: dict[str, GgufArch] = {
@@ -155,6 +159,8 @@ GGUF_ARCHS: dict[str, GgufArch] = {
     "qwen3": GgufArch("qwen3"),
     "qwen3moe": GgufArch("qwen3_moe"),
     "qwen3next": GgufArch("qwen3_next", layer=_QWEN3NEXT, hybrid=True, stored_plus_one=True),
+    family_gemma3.GGUF_ARCH: GgufArch("gemma3_text", layer=family_gemma3.GGUF_LAYER_NAMES, stored_plus_one=True,
+                                      config=family_gemma3.gguf_config),
 }
 
 
@@ -189,6 +195,8 @@ def gguf_name(ga: GgufArch, name: str, n_trunk: int) -> tuple[str, int | None]:
 def gguf_config(ga: GgufArch, arch: str, meta, tensors, path) -> dict:
     """A config dict (from_dict's input) from a GGUF's metadata and tensor
     table; what the file says by its tensors goes under "vkspec"."""
+    if ga.config is not None:
+        return ga.config(meta, tensors, path)
     def need(k):
         v = meta(f"{arch}.{k}")
         if v is None:

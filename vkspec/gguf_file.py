@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import families
+from . import families, family_gemma3
 from .errors import VkspecError
 from .formats import ggml
 from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
@@ -143,6 +143,8 @@ class GgufFile:
     # --- tokenizer ----------------------------------------------------------------------
     def tokenizer(self):
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+        if self.arch == family_gemma3.GGUF_ARCH and self.meta("tokenizer.ggml.model") == "llama":
+            return family_gemma3.tokenizer(self.meta, self.path)
         if self.meta("tokenizer.ggml.model") != "gpt2":
             raise VkspecError(f"{self.path}: tokenizer model {self.meta('tokenizer.ggml.model')!r} "
                               "is not supported (gpt2 byte-level BPE)")
@@ -163,6 +165,11 @@ class GgufFile:
 
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
+
+    def bos_to_add(self) -> int | None:
+        """The id a prompt starts with when the file says add_bos_token (Gemma's <bos>)."""
+        bos = self.meta("tokenizer.ggml.bos_token_id")
+        return int(bos) if self.meta("tokenizer.ggml.add_bos_token") and bos is not None else None
 
 
 def unpermute_rope_order(rows: int, heads: int) -> np.ndarray:

@@ -50,7 +50,8 @@ class Loader:
         w = self.ckpt.matrix(name, (rows, cols))
         return quantize(w if order is None else w.reordered(order), self.fmt)
 
-    def attn(self, p) -> AttnW:
+    def attn(self, p, i=None) -> AttnW:
+        """Layer i's attention (None: the MTP head's, full and at rope_theta)."""
         c = self.cfg
         nh, nkv, hd, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
         qr = nh * hd * (2 if c.attn_gate else 1)
@@ -65,7 +66,9 @@ class Loader:
             q_norm=self.norm(f"{p}.q_norm.weight", hd) if c.qk_norm else None,
             k_norm=self.norm(f"{p}.k_norm.weight", hd) if c.qk_norm else None,
             gated=c.attn_gate, q_bias=bias("q", qr, c.qkv_bias), k_bias=bias("k", nkv * hd, c.qkv_bias),
-            v_bias=bias("v", nkv * hd, c.qkv_bias), o_bias=bias("o", h, c.o_bias))
+            v_bias=bias("v", nkv * hd, c.qkv_bias), o_bias=bias("o", h, c.o_bias),
+            window=0 if i is None else c.window_of(i),
+            rope_theta=None if i is None or c.rope_theta_of(i) == c.rope_theta else c.rope_theta_of(i))
 
     def delta(self, p) -> DeltaW:
         c = self.cfg
@@ -124,10 +127,16 @@ class Loader:
 
     def layer(self, p, i, kind) -> LayerW:
         c = self.cfg
-        mixer = self.delta(f"{p}.linear_attn") if kind == "linear_attention" else self.attn(f"{p}.self_attn")
+        mixer = self.delta(f"{p}.linear_attn") if kind == "linear_attention" else self.attn(f"{p}.self_attn", i)
         ffn = self.moe(f"{p}.mlp") if c.is_moe_layer(i) else self.mlp(f"{p}.mlp", c.intermediate_size)
-        return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", c.hidden_size),
-                      self.norm(f"{p}.post_attention_layernorm.weight", c.hidden_size), mixer, ffn)
+        h = c.hidden_size
+        if c.sandwich_norms:      # Gemma 3: pre_feedforward is the norm before the MLP
+            return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", h),
+                          self.norm(f"{p}.pre_feedforward_layernorm.weight", h), mixer, ffn,
+                          mixer_out_norm=self.norm(f"{p}.post_attention_layernorm.weight", h),
+                          ffn_out_norm=self.norm(f"{p}.post_feedforward_layernorm.weight", h))
+        return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", h),
+                      self.norm(f"{p}.post_attention_layernorm.weight", h), mixer, ffn)
 
     def load(self, mtp: bool) -> Weights:
         c = self.cfg

@@ -26,6 +26,8 @@ class AttnW:
     k_bias: np.ndarray | None = None
     v_bias: np.ndarray | None = None
     o_bias: np.ndarray | None = None
+    window: int = 0                    # keys at distance 0..window-1 from the query (0: all)
+    rope_theta: float | None = None    # this layer's RoPE base (None: the model's)
 
     @property
     def qkv_bias(self) -> np.ndarray | None:
@@ -67,6 +69,10 @@ class LayerW:
     post_norm: np.ndarray
     mixer: AttnW | DeltaW
     ffn: MlpW | MoeW
+    # sandwich norms (Gemma 3): the mixer's and the FFN's outputs normed before
+    # their residual adds (post_norm is then the pre-FFN norm)
+    mixer_out_norm: np.ndarray | None = None
+    ffn_out_norm: np.ndarray | None = None
 
 
 @dataclass

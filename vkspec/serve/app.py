@@ -104,7 +104,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         if hasattr(tk, "encode_batch"):
             # tokenizers' encode holds the GIL for the whole text (seconds for
             # megabytes: /health would stall); encode_batch releases it
-            return tk.encode_batch([prompt], add_special_tokens=False)[0].ids
+            ids = tk.encode_batch([prompt], add_special_tokens=False)[0].ids
+            return tokenizer.with_bos(ids) if hasattr(tokenizer, "with_bos") else ids
         return tokenizer.encode(prompt)
 
     def chat_prompt(messages: list[Message]) -> list[int]:

@@ -7,6 +7,11 @@
 //   OUT     o[r,h,d] = dot(p[r,h,:], v[:,kvh,d])          one per d
 // GATED multiplies o by sigmoid(gate), the gated attention's output gate.
 // kvh = h / (heads / kv_heads) (grouped-query attention).
+// A sliding window (window > 0) keeps the keys lo..pos[r], lo = max(0,
+// pos[r] + 1 - window): distances 0..window-1. A key the row does not attend
+// (before lo, past pos[r]) has probability +0 and its value is never read, so
+// the reductions keep the whole row's order (a key's lane is its position mod
+// 128); the steps before lo's 128-column block are skipped.
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 #include "step.glsl"
@@ -30,10 +35,11 @@ layout(push_constant) uniform Push {
     uint o_stride;
     float scale;
     uint kv_off;    // the layer's first float of the cache arena
+    uint window;    // keys at distance 0..window-1 (0: every earlier key)
 } p;
 
 uint kvh(uint h) { return h / (p.heads / p.kv_heads); }
-uint qb, kb, sb, vcol, len;
+uint qb, kb, sb, vcol, len, lo;
 
 vec4 qk4(uint c) {
     vec4 a = vec4(0.0), b = vec4(0.0);
@@ -48,7 +54,7 @@ float m_;
 vec4 e4(uint c) {
     vec4 v = vec4(0.0);
     for (uint j = 0u; j < 4u; j++) {
-        if (c + j < len) {
+        if (c + j >= lo && c + j < len) {
             precise float d = s[sb + c + j] - m_;
             v[j] = x_exp(d);
         }
@@ -60,7 +66,7 @@ vec4 pv4(uint c) {
     vec4 a = vec4(0.0), b = vec4(0.0);
     uint row = p.kv_heads * p.hd;
     for (uint j = 0u; j < 4u; j++) {
-        if (c + j < len) { a[j] = s[sb + c + j]; b[j] = kv[(c + j) * row + vcol]; }
+        if (c + j >= lo && c + j < len) { a[j] = s[sb + c + j]; b[j] = kv[(c + j) * row + vcol]; }
     }
     precise vec4 r = a * b;
     return r;
@@ -71,10 +77,12 @@ void main() {
     if (rh >= p.rows * p.heads) return;
     uint r = rh / p.heads, h = rh % p.heads;
     len = step.pos[r] + 1u;
+    lo = (p.window != 0u && len > p.window) ? len - p.window : 0u;
+    uint first = lo / REDUCE_STRIDE * REDUCE_STRIDE;
     sb = rh * p.s_stride;
 #if defined(SCORES)
     uint l = gl_GlobalInvocationID.x;
-    if (l >= len) return;
+    if (l >= len || l < lo) return;
     qb = r * p.q_stride + h * p.q_hstride;
     kb = p.kv_off + (l * p.kv_heads + kvh(h)) * p.hd;
     precise float dot_;
@@ -83,12 +91,12 @@ void main() {
     s[sb + l] = v;
 #elif defined(SOFTMAX)
     if (gl_GlobalInvocationID.x != 0u) return;
-    m_ = s[sb];
-    for (uint i = 1u; i < len; i++) m_ = max(m_, s[sb + i]);
+    m_ = s[sb + lo];
+    for (uint i = lo + 1u; i < len; i++) m_ = max(m_, s[sb + i]);
     precise float sum;
-    X_REDUCE_ROW(sum, x_padded(len), e4);
+    X_REDUCE_ROW_FROM(sum, first, x_padded(len), e4);
     float inv = x_recip(sum);
-    for (uint i = 0u; i < len; i++) {
+    for (uint i = lo; i < len; i++) {
         precise float d = s[sb + i] - m_;
         precise float v = x_exp(d) * inv;
         s[sb + i] = v;
@@ -98,7 +106,7 @@ void main() {
     if (d >= p.hd) return;
     vcol = p.kv_off + kvh(h) * p.hd + d;
     precise float v;
-    X_REDUCE_ROW(v, x_padded(len), pv4);
+    X_REDUCE_ROW_FROM(v, first, x_padded(len), pv4);
 #ifdef GATED
     v = v * x_sigmoid(q[p.gate_off + r * p.q_stride + h * p.q_hstride + d]);
 #endif

@@ -26,6 +26,7 @@ void main() {
         case 5u: r = x_silu(v); break;
         case 6u: r = x_softplus(v); break;
         case 7u: r = x_log1p(v); break;
+        case 8u: r = x_gelu_tanh(v); break;
         default: r = v; break;
     }
     y[i] = r;

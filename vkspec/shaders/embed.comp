@@ -1,7 +1,7 @@
 #version 450
 // variants: f32=W_F32 f16=W_F16 bf16=W_BF16 int8=W_INT8 int4_g64=W_INT4_G64 fp8=W_FP8 q4_0=W_Q4_0 q4_1=W_Q4_1 q5_0=W_Q5_0 q5_1=W_Q5_1 q8_0=W_Q8_0 q2_k=W_Q2_K q3_k=W_Q3_K q4_k=W_Q4_K q5_k=W_Q5_K q6_k=W_Q6_K
 // y[r] = table[tok[r]]: the embedding gather, the row's values decoded from
-// the table's format (weights.glsl). Twin of backends/cpu/ops.py embed. A
+// the table's format (weights.glsl), times scale. Twin of backends/cpu/ops.py embed. A
 // table larger than one buffer is split in parts (first_row, part_rows): the
 // dispatch of the part holding the token writes its row.
 #extension GL_GOOGLE_include_directive : require
@@ -21,6 +21,7 @@ layout(push_constant) uniform Push {
     uint s_stride;
     uint first_row;
     uint part_rows;
+    float scale;    // the rows times this (Gemma's sqrt(hidden)); times 1 changes no bit
 } p;
 
 #include "weights.glsl"
@@ -31,5 +32,6 @@ void main() {
     uint r = i / p.n, c = i % p.n, t = step.tok[r];
     if (t < p.first_row || t >= p.first_row + p.part_rows) return;
     t -= p.first_row;
-    y[p.y_off + r * p.y_stride + c] = w_value(t * p.row_bytes, t * p.s_stride, c);
+    precise float v = w_value(t * p.row_bytes, t * p.s_stride, c) * p.scale;
+    y[p.y_off + r * p.y_stride + c] = v;
 }

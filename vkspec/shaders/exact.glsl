@@ -128,6 +128,13 @@ float x_silu(float x) {
     return r;
 }
 
+// GELU (tanh approximation) as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+float x_gelu_tanh(float x) {
+    precise float u = 0.7978845608028654 * (x + 0.044715 * ((x * x) * x));
+    precise float r = x * x_sigmoid(u + u);
+    return r;
+}
+
 float x_log1p(float u) {
     precise float w = 1.0 + u;
     precise float wm1 = w - 1.0;
@@ -166,17 +173,22 @@ uint x_tree_lane(uint i) { return bitfieldReverse(i) >> 27; }
 // result = the canonical sum over columns 0..cols-1 (cols padded to a
 // multiple of 128) of TERM4(c), the vec4 of columns c..c+3; TERM4 must give
 // zeros past the real columns, as NumPy's zero padding does.
-#define X_REDUCE_ROW(result, cols, TERM4) {                              \
-        X_TREE_DECL(st_, sp_);                                           \
-        for (uint i_ = 0u; i_ < REDUCE_LANES; i_++) {                    \
-            uint l_ = x_tree_lane(i_);                                   \
-            precise vec4 a_ = vec4(0.0);                                 \
-            for (uint c_ = l_ * 4u; c_ < (cols); c_ += REDUCE_STRIDE) {  \
-                a_ = a_ + TERM4(c_);                                     \
-            }                                                            \
-            X_TREE_PUSH(st_, sp_, i_, x_fold4(a_));                      \
-        }                                                                \
-        result = st_[0];                                                 \
+#define X_REDUCE_ROW(result, cols, TERM4) X_REDUCE_ROW_FROM(result, 0u, cols, TERM4)
+
+// The same sum with the steps before column `first` (a multiple of 128) left
+// out: where TERM4 would give zeros there, the result is the same (a lane
+// starts at +0 and adding +0 changes nothing), and nothing there is read.
+#define X_REDUCE_ROW_FROM(result, first, cols, TERM4) {                         \
+        X_TREE_DECL(st_, sp_);                                                  \
+        for (uint i_ = 0u; i_ < REDUCE_LANES; i_++) {                           \
+            uint l_ = x_tree_lane(i_);                                          \
+            precise vec4 a_ = vec4(0.0);                                        \
+            for (uint c_ = (first) + l_ * 4u; c_ < (cols); c_ += REDUCE_STRIDE) { \
+                a_ = a_ + TERM4(c_);                                            \
+            }                                                                   \
+            X_TREE_PUSH(st_, sp_, i_, x_fold4(a_));                             \
+        }                                                                       \
+        result = st_[0];                                                        \
     }
 
 uint x_padded(uint n) { return (n + REDUCE_STRIDE - 1u) / REDUCE_STRIDE * REDUCE_STRIDE; }

@@ -45,6 +45,7 @@ class Attend:
     o_stride: u32 = 0
     scale: f32
     kv_off: u32 = 0        # the layer's first float of the cache arena
+    window: u32 = 0        # keys at distance 0..window-1 (0: every earlier key)
 
 
 @dataclass(kw_only=True)
@@ -102,6 +103,7 @@ class Embed:
     s_stride: u32 = 0
     first_row: u32 = 0
     part_rows: u32
+    scale: f32 = 1.0       # the rows times this (Gemma's sqrt(hidden)); times 1 changes no bit
 
 
 @dataclass(kw_only=True)
@@ -198,6 +200,14 @@ class SiluMul:
 
 
 @dataclass(kw_only=True)
+class GeluMul:
+    rows: u32
+    n: u32                 # width of g (and of u, which follows it)
+    x_stride: u32
+    y_stride: u32
+
+
+@dataclass(kw_only=True)
 class Softmax:
     rows: u32
     n: u32
@@ -209,7 +219,7 @@ class Softmax:
 
 # shader stem -> its struct (a shader missing here has no push constants)
 PUSH = {"argmax": Argmax, "attend": Attend, "bias_add": BiasAdd, "conv_step": ConvStep, "core_eval": CoreEval,
-        "deltanet": Deltanet, "embed": Embed, "fill": Fill, "gemv": Gemv,
+        "deltanet": Deltanet, "embed": Embed, "fill": Fill, "gelu_mul": GeluMul, "gemv": Gemv,
         "moe_combine": MoeCombine, "rmsnorm": Rmsnorm, "rope": Rope, "route": Route,
         "silu_mul": SiluMul, "softmax": Softmax}
 

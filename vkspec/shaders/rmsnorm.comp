@@ -1,7 +1,9 @@
 #version 450
-// variants: plain= gated=GATED
+// variants: plain= gated=GATED acc=ACC
 // y = x * rsqrt(mean(x*x) + eps) * w, row by row; GATED multiplies by silu(z)
-// (linear_attn.norm). Twin of backends/cpu/ops.py.rmsnorm (z: gated).
+// (linear_attn.norm); ACC adds the result to y (y = y + norm: a sandwich norm
+// on a sublayer's output, then the residual add). Twin of
+// backends/cpu/ops.py.rmsnorm (z: gated; residual: acc).
 // w is the effective weight (1 + weight for the (1 + w) form, made on the host).
 // Row r lives at off + (r / group) * stride + (r % group) * inner, so per-head
 // norms can read heads out of a wider projection.
@@ -11,7 +13,11 @@
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer W { float w[]; };
+#ifdef ACC
+layout(std430, binding = 2) buffer Y { float y[]; };
+#else
 layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+#endif
 #ifdef GATED
 layout(std430, binding = 3) readonly buffer Z { float z[]; };
 #endif
@@ -63,6 +69,9 @@ void main() {
         precise float v = (x[xb + i] * r) * w[p.w_off + i];
 #ifdef GATED
         v = v * x_silu(z[zb + i]);
+#endif
+#ifdef ACC
+        v = y[yb + i] + v;
 #endif
         y[yb + i] = v;
     }

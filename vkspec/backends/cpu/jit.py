@@ -81,9 +81,16 @@ def _gemv(w, x, out):
 def _columns(x, m, acc, s, out):
     """out[d] = dot(x, m[:, d]) over x's length for every column d of m, in
     the canonical order (acc (128, D) and s (32, D) are scratch)."""
+    _columns_from(x, m, 0, acc, s, out)
+
+
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _columns_from(x, m, lo, acc, s, out):
+    """_columns with terms t < lo left out (they would add +0: the lanes stay
+    where the whole row puts them, and m's rows before lo are never read)."""
     dv = m.shape[1]
     acc[:, :] = np.float32(0.0)
-    for t in range(x.shape[0]):
+    for t in range(lo, x.shape[0]):
         xt = x[t]
         a = acc[t % 128]
         for d in range(dv):
@@ -102,16 +109,17 @@ def _columns(x, m, acc, s, out):
 
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
-def _weighted_rows(p, v, lens, out):
+def _weighted_rows(p, v, lens, starts, out):
     """out[i, r, d] = dot(p[i, r, :lens[r]], v[i, :lens[r], d]): every column d
-    of v reduced in the canonical order, all columns at once."""
+    of v reduced in the canonical order, all columns at once; the terms
+    before starts[r] are left out (+0, v unread)."""
     batch, n = p.shape[0], p.shape[1]
     width = v.shape[2]
     for ir in prange(batch * n):
         i, r = ir // n, ir % n
         acc = np.empty((128, width), np.float32)
         s = np.empty((32, width), np.float32)
-        _columns(p[i, r, :lens[r]], v[i], acc, s, out[i, r])
+        _columns_from(p[i, r, :lens[r]], v[i], starts[r], acc, s, out[i, r])
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -134,11 +142,14 @@ def gemv_batched(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def weighted_rows(p: np.ndarray, v: np.ndarray, lens) -> np.ndarray:
+def weighted_rows(p: np.ndarray, v: np.ndarray, lens, starts=None) -> np.ndarray:
     """(B, n, L), (B, L, D), lens (n,) -> (B, n, D): row r is
-    exact.dot(p[i, r, :lens[r]], v[i, :lens[r]].T), the attention's output."""
+    exact.dot(p[i, r, :lens[r]], v[i, :lens[r]].T), the attention's output
+    (terms before starts[r] left out)."""
     out = np.empty((p.shape[0], p.shape[1], v.shape[2]), dtype=np.float32)
-    _weighted_rows(_f32(p), _f32(v), np.ascontiguousarray(lens, dtype=np.int64), out)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    starts = np.zeros_like(lens) if starts is None else np.ascontiguousarray(starts, dtype=np.int64)
+    _weighted_rows(_f32(p), _f32(v), lens, starts, out)
     return out
 
 
@@ -150,6 +161,6 @@ def machine_code() -> str:
           np.empty((1, 2, BLOCK), np.float32))
     rows_ = njit(**opts)(_weighted_rows.py_func)
     rows_(np.zeros((1, 2, 9), np.float32), np.zeros((1, 9, 64), np.float32),
-          np.array([9, 5], np.int64), np.empty((1, 2, 64), np.float32))
+          np.array([9, 5], np.int64), np.array([0, 2], np.int64), np.empty((1, 2, 64), np.float32))
     return "\n".join(list(gemv_.inspect_asm().values()) + list(rows_.inspect_asm().values())
                      + [jit_dot.machine_code()])

@@ -92,6 +92,7 @@ for _f in exact.FORMULAS:
 exp1, log1, recip1, rsqrt1 = (njit(**_JIT)(f) for f in (exact._exp, exact._log, exact._recip, exact._rsqrt))
 sigmoid1, silu1, softplus1, log1p1 = (njit(**_JIT)(f) for f in (exact._sigmoid, exact._silu, exact._softplus,
                                                                 exact._log1p))
+gelu_tanh1 = njit(**_JIT)(exact._gelu_tanh)
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
@@ -113,8 +114,10 @@ def _elementwise_kernel(x, out, op):
             out[i] = silu1(v)
         elif op == 6:
             out[i] = softplus1(v)
-        else:
+        elif op == 7:
             out[i] = log1p1(v)
+        else:
+            out[i] = gelu_tanh1(v)
 
 
 def _elementwise(op: int, name: str):
@@ -129,7 +132,7 @@ def _elementwise(op: int, name: str):
 
 
 ELEMENTWISE = tuple(_elementwise(op, f.__name__) for op, f in enumerate(exact.ELEMENTWISE))
-exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p = ELEMENTWISE
+exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p, gelu_tanh = ELEMENTWISE
 
 
 # --- row reductions -------------------------------------------------------------
@@ -147,15 +150,16 @@ def _rms_rows(x, w, z, eps, inv_n, gated, out):
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
-def _softmax_rows(x, lens, out):
-    """exact.softmax per row over its first lens[r] entries (the rest +0):
-    exp(x - max) * recip(reduce_sum(e)), NaN-propagating max as np.max."""
+def _softmax_rows(x, lens, starts, out):
+    """exact.softmax per row over its entries starts[r]..lens[r]-1 (the rest
+    +0, never read): exp(x - max) * recip(reduce_sum(e)), NaN-propagating max
+    as np.max, each entry in the lane of its own index."""
     acc = np.empty(128, F)
     s = np.empty(32, F)
     for r in range(x.shape[0]):
-        n = lens[r]
-        m = x[r, 0]
-        for j in range(1, n):
+        n, lo = lens[r], starts[r]
+        m = x[r, lo]
+        for j in range(lo + 1, n):
             v = x[r, j]
             if m != m:
                 break
@@ -163,7 +167,9 @@ def _softmax_rows(x, lens, out):
                 m = v
         for j in range(128):
             acc[j] = _ZERO
-        for j in range(n):
+        for j in range(lo):
+            out[r, j] = _ZERO
+        for j in range(lo, n):
             e = exp1(x[r, j] - m)
             out[r, j] = e
             acc[j % 128] = acc[j % 128] + e
@@ -243,14 +249,18 @@ def l2norm(x, eps: float) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-def softmax(x, lens=None) -> np.ndarray:
-    """exact.softmax over the last axis; with ``lens``, row r's valid prefix is
-    lens[r] entries (exact.softmax's mask arange(L) < lens[r])."""
+def softmax(x, lens=None, starts=None) -> np.ndarray:
+    """exact.softmax over the last axis; with ``lens`` (and ``starts``), row
+    r's valid entries are starts[r]..lens[r]-1 (exact.softmax's mask
+    starts[r] <= arange(L) < lens[r])."""
     x, x2 = _rows(x)
-    n = np.full(x2.shape[0], x2.shape[1], np.int64) if lens is None else \
-        np.ascontiguousarray(np.broadcast_to(np.asarray(lens, np.int64), x.shape[:-1]).reshape(-1))
+
+    def per_row(a, default):
+        if a is None:
+            return np.full(x2.shape[0], default, np.int64)
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(a, np.int64), x.shape[:-1]).reshape(-1))
     out = np.empty_like(x2)
-    _softmax_rows(x2, n, out)
+    _softmax_rows(x2, per_row(lens, x2.shape[1]), per_row(starts, 0), out)
     return out.reshape(x.shape)
 
 
@@ -260,7 +270,7 @@ def machine_code() -> str:
     x, w = np.ones((2, 9), F), np.ones(9, F)
     calls = ((_elementwise_kernel, (w, np.empty(9, F), 0)),
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
-             (_softmax_rows, (x, np.array([9, 4]), np.empty_like(x))),
+             (_softmax_rows, (x, np.array([9, 4]), np.array([0, 1]), np.empty_like(x))),
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
                                np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))))

@@ -15,6 +15,10 @@ bits it would get fed alone.
   matrix give the same bits.
 * the conv input is cat(q, k, v); g = -exp(A_log) * softplus(a + dt_bias),
   beta = sigmoid(b); q and k are L2-normalised (eps 1e-6), q scaled by dk^-0.5.
+* Gemma 3 (vkspec.family_gemma3): the input embedding times
+  cfg.embedding_scale; each layer's mixer and MLP outputs normed before their
+  residual adds (LayerW.mixer_out_norm, ffn_out_norm); a layer's own window
+  and RoPE base (AttnW.window, rope_theta); GELU-tanh in the MLP.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ class CpuModel:
         self.cfg, self.w = cfg, weights
         self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
         self.cos, self.sin = rope_tables(cfg, self.ctx)
+        # one table per RoPE base, computed once (Gemma 3's local layers: 1e4)
+        self.ropes = {None: (self.cos, self.sin)}
+        for lw in weights.layers:
+            theta = getattr(lw.mixer, "rope_theta", None)
+            if theta not in self.ropes:
+                self.ropes[theta] = rope_tables(cfg, self.ctx, theta)
         self._listed = (None, None)          # (draft vocabulary ids, their lm_head rows)
 
     @property
@@ -93,7 +103,7 @@ class CpuModel:
         if tokens.min() < 0 or tokens.max() >= self.cfg.vocab_size:
             raise VkspecError(f"token id out of range 0..{self.cfg.vocab_size - 1}")
         pos = st.kv_len + np.arange(n)
-        x = ops.embed(self.w.embed, tokens)
+        x = ops.embed(self.w.embed, tokens, self.cfg.embedding_scale)
         copies = min(n - 1, n - 1 if copies is True else int(copies))
         kept = [([], []) for _ in range(copies)]
         st.block = (st.kv_len, n, st.recurrent_copy(), kept)
@@ -117,11 +127,12 @@ class CpuModel:
             a = self.attention(lw.mixer, h, pos, s1, s2)
         else:
             a = self.deltanet(lw.mixer, h, s1, s2, kept)
-        x = x + a
+        x = x + a if lw.mixer_out_norm is None else ops.rmsnorm(a, lw.mixer_out_norm, eps, residual=x)
         h = ops.rmsnorm(x, lw.post_norm, eps)
         if isinstance(lw.ffn, MoeW):
             return self.moe(lw.ffn, h, x)
-        return x + self.mlp(lw.ffn, h)
+        f = self.mlp(lw.ffn, h)
+        return x + f if lw.ffn_out_norm is None else ops.rmsnorm(f, lw.ffn_out_norm, eps, residual=x)
 
     def attention(self, w: AttnW, h, pos, kcache, vcache):
         c = self.cfg
@@ -133,9 +144,11 @@ class CpuModel:
         q = q.reshape(n, nh, hd)
         if w.q_norm is not None:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
-        q = ops.rope(q, self.cos[pos], self.sin[pos])
+        cos, sin = self.ropes[w.rope_theta]
+        q = ops.rope(q, cos[pos], sin[pos])
         self.write_kv(w, h, pos, kcache, vcache)
-        out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(hd ** -0.5)).reshape(n, nh * hd)
+        out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(c.scores_scale), w.window)
+        out = out.reshape(n, nh * hd)
         if w.gated:
             out = out * ops.sigmoid(gate)
         return self.proj(w.o, w.o_bias, out)
@@ -152,7 +165,8 @@ class CpuModel:
         k = self.proj(w.k, w.k_bias, h).reshape(n, nkv, hd)
         if w.k_norm is not None:
             k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
-        ops.rope(k, self.cos[pos], self.sin[pos], cache=kcache, pos=pos)
+        cos, sin = self.ropes[w.rope_theta]
+        ops.rope(k, cos[pos], sin[pos], cache=kcache, pos=pos)
         none = self.cos[pos][:, :0]                 # rot 0: the values enter the cache as they are
         ops.rope(self.proj(w.v, w.v_bias, h).reshape(n, nkv, hd), none, none, cache=vcache, pos=pos)
 
@@ -181,7 +195,7 @@ class CpuModel:
         return ops.gemv(w.out, o)
 
     def mlp(self, w: MlpW, h):
-        return ops.gemv(w.down, ops.silu_mul(ops.gemv(w.gate, h), ops.gemv(w.up, h)))
+        return ops.gemv(w.down, ops.act_mul(self.cfg.hidden_act, ops.gemv(w.gate, h), ops.gemv(w.up, h)))
 
     def moe(self, w: MoeW, h, x):
         """x plus the routed experts' and the shared expert's outputs."""

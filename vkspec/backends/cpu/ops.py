@@ -44,9 +44,11 @@ def _m():
     return jit_math if jit.enabled() else exact
 
 
-def embed(table: QWeight, tokens) -> np.ndarray:
-    """The rows of the tokens, decoded from the table's format."""
-    return dequantize(table.take(np.asarray(tokens).reshape(-1)))
+def embed(table: QWeight, tokens, scale: float = 1.0) -> np.ndarray:
+    """The rows of the tokens, decoded from the table's format, times the
+    float32 ``scale`` (Gemma's sqrt(hidden); times 1 changes no bit)."""
+    rows = dequantize(table.take(np.asarray(tokens).reshape(-1)))
+    return rows if scale == 1.0 else rows * f32(scale)
 
 
 def bias_add(x, b, acc=None) -> np.ndarray:
@@ -59,6 +61,15 @@ def bias_add(x, b, acc=None) -> np.ndarray:
 def silu_mul(g, u) -> np.ndarray:
     """The gated MLP's activation."""
     return _m().silu(g) * u
+
+
+def gelu_mul(g, u) -> np.ndarray:
+    """The GELU-tanh gated MLP's activation (Gemma 3): gelu_tanh(g) * u."""
+    return _m().gelu_tanh(g) * u
+
+
+def act_mul(act: str, g, u) -> np.ndarray:
+    return gelu_mul(g, u) if act == "gelu_tanh" else silu_mul(g, u)
 
 
 def expert_mlps(w, h, idx) -> np.ndarray:
@@ -84,9 +95,12 @@ def moe_combine(x, ys, wts, shared=None, shared_logit=None) -> np.ndarray:
     return x + acc
 
 
-def rmsnorm(x, w, eps: float, z=None) -> np.ndarray:
+def rmsnorm(x, w, eps: float, z=None, residual=None) -> np.ndarray:
     """(x * rsqrt(mean(x*x) + eps)) * w; times silu(z) with z (the gated
-    variant: linear_attn.norm, plain w)."""
+    variant: linear_attn.norm, plain w); residual + that with a residual (the
+    acc variant: a sandwich norm on a sublayer's output, then the add)."""
+    if residual is not None:
+        return residual + rmsnorm(x, w, eps)
     if z is None:
         return _m().rmsnorm(x, w, eps)
     if jit.enabled():
@@ -116,47 +130,75 @@ def rope(x, cos, sin, cache=None, pos=None) -> np.ndarray:
     return out
 
 
-def vecmats(x, v, lens=None) -> np.ndarray:
+def vecmats(x, v, lens=None, starts=None) -> np.ndarray:
     """(B, n, L), (B, L, D) -> (B, n, D): row r is dot(x[b, r, :lens[r]],
-    v[b, :lens[r], d]) for every column d, in dot's order (lens: all of L)."""
+    v[b, :lens[r], d]) for every column d, in dot's order (lens: all of L).
+    Columns before starts[r] add +0 and their v is never read."""
     lens = np.full(x.shape[1], x.shape[2]) if lens is None else np.asarray(lens)
+    starts = np.zeros_like(lens) if starts is None else np.asarray(starts)
     if jit.enabled():
-        return jit.weighted_rows(x, v, lens)
+        return jit.weighted_rows(x, v, lens, starts)
     out = np.empty((x.shape[0], x.shape[1], v.shape[2]), f32)
     for r, n in enumerate(lens):
-        out[:, r] = exact.dot(x[:, r, None, :n], v[:, :n].transpose(0, 2, 1))
+        xr, vr = x[:, r, None, :n], v[:, :n]
+        if starts[r]:                               # +0 terms: 0 * 0, whatever v holds there
+            xr, vr = xr.copy(), vr.copy()
+            xr[..., :starts[r]] = 0.0
+            vr[:, :starts[r]] = 0.0
+        out[:, r] = exact.dot(xr, vr.transpose(0, 2, 1))
     return out
 
 
-def attend(q, kc, vc, lens, scale) -> np.ndarray:
+def window_start(length, window: int):
+    """The first key a query at position length-1 attends: keys at distance
+    0..window-1 (transformers' sliding mask), all with window 0."""
+    length = np.asarray(length)
+    return np.maximum(length - window, 0) if window else np.zeros_like(length)
+
+
+def attend(q, kc, vc, lens, scale, window: int = 0) -> np.ndarray:
     """Causal attention of a block: row i's q (nh, hd) over keys/values
-    [0, lens[i]) of kc, vc (L, nkv, hd), each row exactly as if it ran alone."""
+    [0, lens[i]) of kc, vc (L, nkv, hd), each row exactly as if it ran alone;
+    with a window, only the last `window` of them.
+
+    The one rule for a key a row does not attend (past its length, or before
+    its window): its probability is +0 and its value is never read, so the
+    reductions keep the order of the whole row (a key's lane is its position
+    mod 128) and such keys add nothing. attend.comp follows the same rule."""
     if not jit.enabled():
-        return np.stack([attend_row(q[i], kc[:lens[i]], vc[:lens[i]], scale) for i in range(len(q))])
+        return np.stack([attend_row(q[i], kc[:lens[i]], vc[:lens[i]], scale, window) for i in range(len(q))])
     # The compiled path: the query heads of one KV head are rows of one gemv,
     # so the cache is read once per block. A row's scores past its length are
     # dropped and its probabilities there are +0: adding +0 to a lane (which
     # starts at +0, so is never -0) changes nothing, and the output kernel
-    # stops at each row's length (a later row's 0 * inf never enters).
+    # stops at each row's length (a later row's 0 * inf never enters). Keys
+    # before the block's first window go unread: the block starts at a
+    # multiple of 128 below them, so every key keeps its lane.
     n, nh, hd = q.shape
     nkv, L = kc.shape[1], int(max(lens))
+    starts = window_start(lens, window)
+    base = int(min(starts)) // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
     rep = nh // nkv
     qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
-    s = jit.gemv_batched(kc[:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L)
-    lens_q = np.repeat(np.asarray(lens), rep)
-    p = jit_math.softmax(s, lens_q)
-    o = vecmats(p, vc[:L].transpose(1, 0, 2), lens_q)                     # (nkv, n*rep, hd)
+    s = jit.gemv_batched(kc[base:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L-base)
+    lens_q = np.repeat(np.asarray(lens) - base, rep)
+    starts_q = np.repeat(starts - base, rep)
+    p = jit_math.softmax(s, lens_q, starts_q)
+    o = vecmats(p, vc[base:L].transpose(1, 0, 2), lens_q, starts_q)         # (nkv, n*rep, hd)
     return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
 
 
-def attend_row(q, kc, vc, scale) -> np.ndarray:
-    """The definition: one row's q (nh, hd) over all of kc, vc (L, nkv, hd)."""
-    nh, nkv = q.shape[0], kc.shape[1]
+def attend_row(q, kc, vc, scale, window: int = 0) -> np.ndarray:
+    """The definition: one row's q (nh, hd) over all of kc, vc (L, nkv, hd),
+    or their last `window` rows: the others get probability +0 and their
+    values are read as 0 (the row's reduction order is the whole row's)."""
+    nh, nkv, L = q.shape[0], kc.shape[1], kc.shape[0]
     kv_of = np.arange(nh) // (nh // nkv)
+    valid = np.arange(L) >= window_start(L, window)
     kh = kc.transpose(1, 0, 2)[kv_of]                    # (nh, L, hd)
-    vh = vc.transpose(1, 2, 0)[kv_of]                    # (nh, hd, L)
+    vh = np.where(valid, vc.transpose(1, 2, 0), f32(0))[kv_of]   # (nh, hd, L)
     s = exact.dot(q[:, None, :], kh) * f32(scale)        # (nh, L)
-    p = exact.softmax(s)
+    p = exact.softmax(s, valid if window else None)
     return exact.dot(p[:, None, :], vh)                  # (nh, hd)
 
 

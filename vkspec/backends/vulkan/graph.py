@@ -37,6 +37,7 @@ DELTANET = Op("deltanet", ("mixed", "ba", "par", "prep", "state", "o", STEP), P.
 BIAS_ADD = Op("bias_add", ("y", "b"), P.BiasAdd)
 BIAS_ADD_ACC = Op("bias_add", ("x", "b", "y"), P.BiasAdd)
 SILU_MUL = Op("silu_mul", ("x", "y"), P.SiluMul)
+GELU_MUL = Op("gelu_mul", ("x", "y"), P.GeluMul)
 ROUTE = Op("route", ("logits", "idx", "wt"), P.Route)
 MOE_COMBINE = Op("moe_combine", ("x", "y", "wt", "sh", "gate"), P.MoeCombine)
 ARGMAX = Op("argmax", ("x", "y"), P.Argmax)
@@ -44,7 +45,7 @@ SOFTMAX = Op("softmax", ("x", "y"), P.Softmax)          # the op tests (immediat
 FILL = Op("fill", ("x", "y"), P.Fill)
 
 OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, RMSNORM, RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP,
-       DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
+       DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, GELU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
 
 
 def groups(n: int, local: int = 64) -> int:

@@ -128,6 +128,9 @@ class AttnMixer:
     vc: object
     bias: object = None              # the fused q|k|v rows' biases
     o_bias: object = None
+    cos: object = None               # this layer's RoPE tables (one pair per base, shared)
+    sin: object = None
+    window: int = 0                  # keys at distance 0..window-1 (0: all)
 
 
 @dataclass
@@ -148,6 +151,8 @@ class Layer:
     out: DevWeight
     mixer: AttnMixer | DeltaMixer
     ffn: Ffn
+    mixer_out_norm: object = None    # sandwich norms (Gemma 3), see weights.LayerW
+    ffn_out_norm: object = None
 
     @property
     def attention(self) -> bool:
@@ -181,6 +186,7 @@ class Scratch:
     fcin: object       # the MTP head's fc input
     mx: object         # the MTP head's residual stream
     mtp_in: object     # the trunk's hidden rows the head reads
+    sub: object        # a sublayer's output before its sandwich norm (Gemma 3)
 
 
 HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
@@ -236,7 +242,8 @@ class Layout:
             act=R * d.k * inter, rlog=R * (d.E + 1), ridx=R * d.k * self.n_moe,
             rwt=R * d.k * self.n_moe,
             ey=R * d.k * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d.k * d.H,
-            sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp)
+            sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp,
+            sub=R * d.Hp if self.cfg.sandwich_norms else 1)
 
     def release_host(self):
         """After the upload the device holds every weight: the host lets go of
@@ -266,6 +273,12 @@ class Layout:
                     step=up.zeros("scratch:step", words, np.uint32, "device"),
                     mtp_step=up.zeros("scratch:mtp_step", words, np.uint32, "device"),
                     mtp_last=up.zeros("scratch:mtp_last", words, np.uint32, "device"))
+        self.ropes = {None: (b.cos, b.sin)}     # one table pair per RoPE base
+        for lw in self.layers_w:
+            theta = getattr(lw.mixer, "rope_theta", None)
+            if theta not in self.ropes:
+                c, s_ = rope_tables(self.cfg, self.ctx, theta)
+                self.ropes[theta] = (up.array(f"rope:cos@{theta:g}", c), up.array(f"rope:sin@{theta:g}", s_))
         if self.w.mtp:
             m = self.w.mtp
             b.fc = up.weight("weights:mtp.fc", [m.fc])
@@ -309,15 +322,18 @@ class Layout:
                 return None if a is None else up.vector(f"weights:{p}.{name}", a)
             mixer = AttnMixer(m.gated, vec("q_norm", m.q_norm), vec("k_norm", m.k_norm),
                               up.span(f"kv:{p}.k", n, "kv"), up.span(f"kv:{p}.v", n, "kv"),
-                              vec("qkv_bias", m.qkv_bias), vec("o_bias", m.o_bias))
+                              vec("qkv_bias", m.qkv_bias), vec("o_bias", m.o_bias),
+                              *self.ropes[m.rope_theta], window=m.window)
         else:
             mixer = DeltaMixer(up.vector(f"weights:{p}.conv", m.conv),
                                up.vector(f"weights:{p}.dt_bias_a", np.concatenate([m.dt_bias, m.neg_exp_a])),
                                up.vector(f"weights:{p}.norm", m.norm),
                                up.span(f"state:{p}.conv", regions * (d.K - 1) * d.cd, "ring"),
                                up.span(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv, "ssm"))
+        sandwich = {k: up.vector(f"weights:{p}.{k}", getattr(lw, k))
+                    for k in ("mixer_out_norm", "ffn_out_norm") if getattr(lw, k) is not None}
         return Layer(i, up.vector(f"weights:{p}.in_norm", lw.in_norm),
                      up.vector(f"weights:{p}.post_norm", lw.post_norm),
                      up.weight(f"weights:{p}.mix", host.mix), up.weight(f"weights:{p}.out", host.out),
-                     mixer, ffn)
+                     mixer, ffn, **sandwich)
 

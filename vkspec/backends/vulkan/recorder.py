@@ -61,22 +61,24 @@ class Recorder:
         self.rec.op(G.GEMV_ROUTED, part.variant + "_routed", (groups(per_expert_rows), pairs), push,
                     w=part.data, scales=part.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
 
-    def embed(self, y, n, step):
-        """The rows of the step's tokens from the embedding table, one dispatch per part."""
+    def embed(self, y, n, step, scale=1.0):
+        """The rows of the step's tokens from the embedding table (times
+        scale), one dispatch per part."""
         d, t = self.d, self.b.embed
         for part in t.parts:
             self.rec.op(G.EMBED, part.variant, groups(n * d.H),
                         P.Embed(rows=n, n=d.H, y_stride=d.Hp, row_bytes=part.row_bytes, s_stride=part.s_stride,
-                                first_row=part.first_row, part_rows=part.rows),
+                                first_row=part.first_row, part_rows=part.rows, scale=np.float32(scale)),
                         w=part.data, scales=part.scales, y=y, step=step)
 
     def rmsnorm(self, x, w, y, rows, n, group=1, x_off=0, x_stride=0, x_inner=0, y_off=0,
-                y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0):
+                y_stride=0, y_inner=0, z=None, z_off=0, z_stride=0, z_inner=0, acc=False):
+        """acc: y += the norm (a sandwich norm and its residual add)."""
         push = P.Rmsnorm(rows=rows, n=n, group=group, x_off=x_off, x_stride=x_stride, x_inner=x_inner,
                          y_off=y_off, y_stride=y_stride, y_inner=y_inner, z_off=z_off, z_stride=z_stride,
                          z_inner=z_inner, eps=self.cfg.rms_norm_eps, inv_n=np.float32(1.0 / n), w_off=w.off)
         if z is None:
-            self.rec.op(G.RMSNORM, "plain", groups(rows), push, x=x, w=w.t, y=y)
+            self.rec.op(G.RMSNORM, "acc" if acc else "plain", groups(rows), push, x=x, w=w.t, y=y)
         else:
             self.rec.op(G.RMSNORM_GATED, "gated", groups(rows), push, x=x, w=w.t, y=y, z=z)
 
@@ -98,7 +100,7 @@ class Recorder:
         x = s.x if kind == "main" else s.mx
         trunk = self.lay.n_trunk
         if kind == "main":
-            self.embed(x, n, step)
+            self.embed(x, n, step, self.cfg.embedding_scale)
             layers = b.layers[:trunk]
         else:
             F = padded(2 * d.H)
@@ -159,7 +161,7 @@ class Recorder:
             self.rec.op(G.ROPE, variant, groups(rows * heads * hd),
                         P.Rope(rows=rows, heads=heads, hd=hd, rot=r, x_off=off, x_stride=stride,
                                x_hstride=hstride, y_off=y_off, y_stride=y_stride),
-                        x=t, cos=self.b.cos, sin=self.b.sin, y=dst, step=at)
+                        x=t, cos=a.cos, sin=a.sin, y=dst, step=at)
 
         rope(k_src, a.kc.t, "cache", nkv, rot, nkv * hd, y_off=a.kc.off)
         rope((s.proj, nh * qw + nkv * hd, Pw, hd), a.vc.t, "cache", nkv, 0, nkv * hd, y_off=a.vc.off)
@@ -168,7 +170,8 @@ class Recorder:
             n, step = 1, self.b.mtp_last
         t, off, stride, hstride = q_src
         rope((t, off + first * stride, stride, hstride), s.qr, "rows", nh, rot, nh * hd, rows=n, at=step)
-        common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.lay.ctx, scale=np.float32(hd ** -0.5))
+        common = dict(rows=n, heads=nh, kv_heads=nkv, hd=hd, s_stride=self.lay.ctx,
+                      scale=np.float32(self.cfg.scores_scale), window=a.window)
         self.rec.op(G.ATTEND, "scores", (groups(bucket), n * nh),
                     P.Attend(q_stride=nh * hd, q_hstride=hd, kv_off=a.kc.off, **common),
                     q=s.qr, kv=a.kc.t, s=s.scores, o=s.attn_o, step=step)
@@ -178,11 +181,24 @@ class Recorder:
                     P.Attend(q_stride=Pw, q_hstride=qw, gate_off=first * Pw + hd, o_stride=padded(nh * hd),
                              kv_off=a.vc.off, **common),
                     q=s.proj, kv=a.vc.t, s=s.scores, o=s.attn_o, step=step)
-        if a.o_bias is None:
-            self.gemv(L.out, s.attn_o, x, n, x_stride=padded(nh * hd), y_off=first * d.Hp, y_stride=d.Hp, acc=True)
-        else:                                        # x + (W a + b), in the CPU's order
-            self.gemv(L.out, s.attn_o, s.sh, n, x_stride=padded(nh * hd), y_stride=d.H)
-            self.bias_add(x, a.o_bias, n, d.H, y_off=first * d.Hp, y_stride=d.Hp, x=s.sh, x_stride=d.H)
+        self.out(L.out, L.mixer_out_norm, s.attn_o, padded(nh * hd), x, n, first * d.Hp, a.o_bias)
+
+    def out(self, w: DevWeight, norm, src, src_stride, x, n, x_off, bias=None):
+        """x rows (from float x_off) += w src + bias (a sublayer's output
+        projection); with a sandwich norm, x += norm(w src + bias). The
+        additions in the CPU's order: the bias before the residual."""
+        d, s = self.d, self.s
+        if norm is None and bias is None:
+            self.gemv(w, src, x, n, x_stride=src_stride, y_off=x_off, y_stride=d.Hp, acc=True)
+        elif norm is None:
+            self.gemv(w, src, s.sh, n, x_stride=src_stride, y_stride=d.H)
+            self.bias_add(x, bias, n, d.H, y_off=x_off, y_stride=d.Hp, x=s.sh, x_stride=d.H)
+        else:
+            self.gemv(w, src, s.sub, n, x_stride=src_stride, y_off=x_off, y_stride=d.Hp)
+            if bias is not None:
+                self.bias_add(s.sub, bias, n, d.H, y_off=x_off, y_stride=d.Hp)
+            self.rmsnorm(s.sub, norm, x, n, d.H, x_off=x_off, x_stride=d.Hp, y_off=x_off, y_stride=d.Hp,
+                         acc=True)
 
     def deltanet(self, L: Layer, x, n, step):
         d, s, m = self.d, self.s, L.mixer
@@ -202,19 +218,21 @@ class Recorder:
         self.rmsnorm(s.dn_o, m.norm, s.dn_n, n * d.nv, d.dv, group=d.nv, x_stride=d.nv * d.dv,
                      x_inner=d.dv, y_stride=padded(d.nv * d.dv), y_inner=d.dv, z=s.proj, z_off=d.cd,
                      z_stride=Pw, z_inner=d.dv)
-        self.gemv(L.out, s.dn_n, x, n, x_stride=padded(d.nv * d.dv), y_stride=d.Hp, acc=True)
+        self.out(L.out, L.mixer_out_norm, s.dn_n, padded(d.nv * d.dv), x, n, 0)
 
-    def silu_mul(self, x, y, rows, n, x_stride, y_stride):
-        self.rec.op(G.SILU_MUL, None, groups(rows * n),
-                    P.SiluMul(rows=rows, n=n, x_stride=x_stride, y_stride=y_stride), x=x, y=y)
+    def act_mul(self, x, y, rows, n, x_stride, y_stride, act="silu"):
+        """act(g) * u: silu_mul.comp, or gelu_mul.comp for act "gelu_tanh"."""
+        op, push = (G.GELU_MUL, P.GeluMul) if act == "gelu_tanh" else (G.SILU_MUL, P.SiluMul)
+        self.rec.op(op, None, groups(rows * n), push(rows=rows, n=n, x_stride=x_stride, y_stride=y_stride),
+                    x=x, y=y)
 
     def mlp(self, L: Layer, x, n, x_off=0):
         """h rows 0..n-1 -> added to x from float x_off."""
         d, s, f = self.d, self.s, L.ffn
         inter, width = padded(f.down.cols), f.gate_up.rows // 2
         self.gemv(f.gate_up, s.h, s.proj, n, x_stride=d.Hp)
-        self.silu_mul(s.proj, s.act, n, width, 2 * width, inter)
-        self.gemv(f.down, s.act, x, n, x_stride=inter, y_off=x_off, y_stride=d.Hp, acc=True)
+        self.act_mul(s.proj, s.act, n, width, 2 * width, inter, self.cfg.hidden_act)
+        self.out(f.down, L.ffn_out_norm, s.act, inter, x, n, x_off)
 
     def moe(self, L: Layer, x, n, x_off=0):
         d, s, f = self.d, self.s, L.ffn
@@ -231,13 +249,13 @@ class Recorder:
             self.rec.host(self.tier.host_step(f, n))
             self.rec.sync_device([s.ed, f.smap])
         self.routed(f.gate_up, s.h, s.ey, n * k, k, d.Hp, 2 * mi, 2 * mi, f.smap, off)
-        self.silu_mul(s.ey, s.act, n * k, mi, 2 * mi, padded(mi))
+        self.act_mul(s.ey, s.act, n * k, mi, 2 * mi, padded(mi))
         self.routed(f.down, s.act, s.ed, n * k, 1, padded(mi), H, H, f.smap, off)
         shared = f.sh_down is not None
         if shared:
             si, w2 = padded(f.sh_down.cols), f.sh_gate_up.rows // 2
             self.gemv(f.sh_gate_up, s.h, s.proj, n, x_stride=d.Hp)
-            self.silu_mul(s.proj, s.act, n, w2, 2 * w2, si)
+            self.act_mul(s.proj, s.act, n, w2, 2 * w2, si, self.cfg.hidden_act)
             self.gemv(f.sh_down, s.act, s.sh, n, x_stride=si, y_stride=H)
         self.rec.op(G.MOE_COMBINE, "shared" if shared else "routed", groups(n * H),
                     P.MoeCombine(rows=n, n=H, k=k, x_off=x_off, x_stride=d.Hp, y_stride=H, s_stride=H,
