@@ -3,10 +3,12 @@
 For each weight format: one recorded GEMV dispatch of an M x K weight (random
 values, formats.samples) over n input rows, replayed with eval(); prints the
 median time, the GB/s of weight bytes read and T(n)/T(1). With --cpu, the same
-for the CPU backend's GEMV. Also the cost of one recorded dispatch.
+for the CPU backend's GEMV. Also the cost of one recorded dispatch. With
+--model: forward blocks of n rows on a model's Vulkan chain instead.
 
 Usage: python tests/bench/bench_core.py [--rows 1536] [--cols 1536] [--n 1,3,8]
        [--formats f32,q4_1,...] [--reps 5] [--cpu] [--process-time] [--json]
+       python tests/bench/bench_core.py --model MODEL [--n 1,2,4,8] [--process-time]
 Run it from two trees (PYTHONPATH=tree) alternately to compare shader versions;
 VKSPEC_GEMV_LANES=parallel|serial picks gemv.comp's lane layout.
 """
@@ -68,6 +70,29 @@ def device_gemv(dev, dw, n, keep):
     return seq.eval
 
 
+def model_steps(path: str, reps: int, rows: list[int]) -> dict:
+    """Forward blocks of n rows on a model's Vulkan chain (bench.verify_cost's
+    protocol: 140 prompt tokens, a block of n rows, rewind to one): median
+    CPU seconds of the process per block (--process-time) or wall seconds."""
+    from vkspec.loader import load_model
+    model = load_model(path, backend="vulkan")
+    rng = np.random.default_rng(0)
+    st = model.new_state()
+    prompt = [int(t) for t in rng.integers(1, model.cfg.vocab_size, 140)]
+    for i in range(0, len(prompt), model.max_rows):
+        model.forward(prompt[i:i + model.max_rows], st)
+    times = {n: [] for n in rows}
+    for rep in range(reps + 1):                  # the first round records the sequences
+        for n in rows:
+            block = [int(t) for t in rng.integers(1, model.cfg.vocab_size, n)]
+            t0 = CLOCK()
+            model.forward(block, st, copies=True)
+            if rep:
+                times[n].append(CLOCK() - t0)
+            model.rewind(st, 1)
+    return {str(n): float(np.median(v)) for n, v in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1536)
@@ -80,10 +105,16 @@ def main():
     ap.add_argument("--process-time", action="store_true",
                     help="time the process's CPU seconds (all of Lavapipe's threads) instead of the "
                          "wall clock: steadier on a machine that other work shares")
+    ap.add_argument("--model", help="time forward blocks of a model instead (a checkpoint or .gguf)")
     args = ap.parse_args()
     if args.process_time:
         global CLOCK
         CLOCK = time.process_time
+    if args.model:
+        t = model_steps(args.model, args.reps, [int(v) for v in args.n.split(",")])
+        print(json.dumps({"model/vulkan": t}) if args.json else
+              "  ".join(f"T({n}) {v * 1e3:.1f} ms" for n, v in t.items()))
+        return
     dev = get_device()
     ns = [int(v) for v in args.n.split(",")]
     rng = np.random.default_rng(0)
