@@ -17,6 +17,7 @@ import numpy as np
 from vkspec import exact
 from vkspec.backends.vulkan.device import get_device, load_shader
 from vkspec.backends.vulkan.memory import Uploader
+from vkspec.backends.vulkan.recorder import gemv_dispatch, gemv_layout
 from vkspec.shaders import push as P
 from vkspec.selftest import same_bits
 
@@ -33,7 +34,8 @@ def chain():
     ta, tb = dev.tensor(x0), dev.tensor(np.zeros(k, np.float32))
     rms = dev.algorithm(load_shader("rmsnorm", "plain"), [ta, tn, tb], 1,
                         P.Rmsnorm(rows=1, n=k, x_stride=k, y_stride=k, eps=1e-6, inv_n=np.float32(1 / k)))
-    mv = dev.algorithm(load_shader("gemv", "f32"), [tw, ts, tb, ta], k // 64,
+    variant, groups = gemv_dispatch("f32", k, gemv_layout(dev))
+    mv = dev.algorithm(load_shader("gemv", variant), [tw, ts, tb, ta], groups,
                        P.Gemv(rows=k, cols=k, nvec=1, x_stride=k, y_stride=k, row_bytes=4 * k))
     seq = dev.sequence()
     for _ in range(12):

@@ -1,14 +1,29 @@
 #version 450
-// variants: f32=W_F32 f16=W_F16 bf16=W_BF16 int8=W_INT8 int4_g64=W_INT4_G64 fp8=W_FP8 q4_0=W_Q4_0 q4_1=W_Q4_1 q5_0=W_Q5_0 q5_1=W_Q5_1 q8_0=W_Q8_0 q2_k=W_Q2_K q3_k=W_Q3_K q4_k=W_Q4_K q5_k=W_Q5_K q6_k=W_Q6_K f32_routed=W_F32,ROUTED f16_routed=W_F16,ROUTED bf16_routed=W_BF16,ROUTED int8_routed=W_INT8,ROUTED int4_g64_routed=W_INT4_G64,ROUTED fp8_routed=W_FP8,ROUTED q4_0_routed=W_Q4_0,ROUTED q4_1_routed=W_Q4_1,ROUTED q5_0_routed=W_Q5_0,ROUTED q5_1_routed=W_Q5_1,ROUTED q8_0_routed=W_Q8_0,ROUTED q2_k_routed=W_Q2_K,ROUTED q3_k_routed=W_Q3_K,ROUTED q4_k_routed=W_Q4_K,ROUTED q5_k_routed=W_Q5_K,ROUTED q6_k_routed=W_Q6_K,ROUTED f32_rowmap=W_F32,ROWMAP f16_rowmap=W_F16,ROWMAP bf16_rowmap=W_BF16,ROWMAP int8_rowmap=W_INT8,ROWMAP int4_g64_rowmap=W_INT4_G64,ROWMAP fp8_rowmap=W_FP8,ROWMAP q4_0_rowmap=W_Q4_0,ROWMAP q4_1_rowmap=W_Q4_1,ROWMAP q5_0_rowmap=W_Q5_0,ROWMAP q5_1_rowmap=W_Q5_1,ROWMAP q8_0_rowmap=W_Q8_0,ROWMAP q2_k_rowmap=W_Q2_K,ROWMAP q3_k_rowmap=W_Q3_K,ROWMAP q4_k_rowmap=W_Q4_K,ROWMAP q5_k_rowmap=W_Q5_K,ROWMAP q6_k_rowmap=W_Q6_K,ROWMAP
+// variants: f32=W_F32 f16=W_F16 bf16=W_BF16 int8=W_INT8 int4_g64=W_INT4_G64 fp8=W_FP8 q4_0=W_Q4_0 q4_1=W_Q4_1 q5_0=W_Q5_0 q5_1=W_Q5_1 q8_0=W_Q8_0 q2_k=W_Q2_K q3_k=W_Q3_K q4_k=W_Q4_K q5_k=W_Q5_K q6_k=W_Q6_K f32_serial=W_F32,SERIAL_LANES f16_serial=W_F16,SERIAL_LANES bf16_serial=W_BF16,SERIAL_LANES int8_serial=W_INT8,SERIAL_LANES int4_g64_serial=W_INT4_G64,SERIAL_LANES fp8_serial=W_FP8,SERIAL_LANES q4_0_serial=W_Q4_0,SERIAL_LANES q4_1_serial=W_Q4_1,SERIAL_LANES q5_0_serial=W_Q5_0,SERIAL_LANES q5_1_serial=W_Q5_1,SERIAL_LANES q8_0_serial=W_Q8_0,SERIAL_LANES q2_k_serial=W_Q2_K,SERIAL_LANES q3_k_serial=W_Q3_K,SERIAL_LANES q4_k_serial=W_Q4_K,SERIAL_LANES q5_k_serial=W_Q5_K,SERIAL_LANES q6_k_serial=W_Q6_K,SERIAL_LANES f32_routed=W_F32,ROUTED f16_routed=W_F16,ROUTED bf16_routed=W_BF16,ROUTED int8_routed=W_INT8,ROUTED int4_g64_routed=W_INT4_G64,ROUTED fp8_routed=W_FP8,ROUTED q4_0_routed=W_Q4_0,ROUTED q4_1_routed=W_Q4_1,ROUTED q5_0_routed=W_Q5_0,ROUTED q5_1_routed=W_Q5_1,ROUTED q8_0_routed=W_Q8_0,ROUTED q2_k_routed=W_Q2_K,ROUTED q3_k_routed=W_Q3_K,ROUTED q4_k_routed=W_Q4_K,ROUTED q5_k_routed=W_Q5_K,ROUTED q6_k_routed=W_Q6_K,ROUTED f32_routed_serial=W_F32,ROUTED,SERIAL_LANES f16_routed_serial=W_F16,ROUTED,SERIAL_LANES bf16_routed_serial=W_BF16,ROUTED,SERIAL_LANES int8_routed_serial=W_INT8,ROUTED,SERIAL_LANES int4_g64_routed_serial=W_INT4_G64,ROUTED,SERIAL_LANES fp8_routed_serial=W_FP8,ROUTED,SERIAL_LANES q4_0_routed_serial=W_Q4_0,ROUTED,SERIAL_LANES q4_1_routed_serial=W_Q4_1,ROUTED,SERIAL_LANES q5_0_routed_serial=W_Q5_0,ROUTED,SERIAL_LANES q5_1_routed_serial=W_Q5_1,ROUTED,SERIAL_LANES q8_0_routed_serial=W_Q8_0,ROUTED,SERIAL_LANES q2_k_routed_serial=W_Q2_K,ROUTED,SERIAL_LANES q3_k_routed_serial=W_Q3_K,ROUTED,SERIAL_LANES q4_k_routed_serial=W_Q4_K,ROUTED,SERIAL_LANES q5_k_routed_serial=W_Q5_K,ROUTED,SERIAL_LANES q6_k_routed_serial=W_Q6_K,ROUTED,SERIAL_LANES f32_rowmap=W_F32,ROWMAP f16_rowmap=W_F16,ROWMAP bf16_rowmap=W_BF16,ROWMAP int8_rowmap=W_INT8,ROWMAP int4_g64_rowmap=W_INT4_G64,ROWMAP fp8_rowmap=W_FP8,ROWMAP q4_0_rowmap=W_Q4_0,ROWMAP q4_1_rowmap=W_Q4_1,ROWMAP q5_0_rowmap=W_Q5_0,ROWMAP q5_1_rowmap=W_Q5_1,ROWMAP q8_0_rowmap=W_Q8_0,ROWMAP q2_k_rowmap=W_Q2_K,ROWMAP q3_k_rowmap=W_Q3_K,ROWMAP q4_k_rowmap=W_Q4_K,ROWMAP q5_k_rowmap=W_Q5_K,ROWMAP q6_k_rowmap=W_Q6_K,ROWMAP f32_rowmap_serial=W_F32,ROWMAP,SERIAL_LANES f16_rowmap_serial=W_F16,ROWMAP,SERIAL_LANES bf16_rowmap_serial=W_BF16,ROWMAP,SERIAL_LANES int8_rowmap_serial=W_INT8,ROWMAP,SERIAL_LANES int4_g64_rowmap_serial=W_INT4_G64,ROWMAP,SERIAL_LANES fp8_rowmap_serial=W_FP8,ROWMAP,SERIAL_LANES q4_0_rowmap_serial=W_Q4_0,ROWMAP,SERIAL_LANES q4_1_rowmap_serial=W_Q4_1,ROWMAP,SERIAL_LANES q5_0_rowmap_serial=W_Q5_0,ROWMAP,SERIAL_LANES q5_1_rowmap_serial=W_Q5_1,ROWMAP,SERIAL_LANES q8_0_rowmap_serial=W_Q8_0,ROWMAP,SERIAL_LANES q2_k_rowmap_serial=W_Q2_K,ROWMAP,SERIAL_LANES q3_k_rowmap_serial=W_Q3_K,ROWMAP,SERIAL_LANES q4_k_rowmap_serial=W_Q4_K,ROWMAP,SERIAL_LANES q5_k_rowmap_serial=W_Q5_K,ROWMAP,SERIAL_LANES q6_k_rowmap_serial=W_Q6_K,ROWMAP,SERIAL_LANES
 // y[r][m] = dot(x[r], w[m]) for up to 8 input rows, each weight read once.
-// Twin of backends/cpu/ops.py gemv. One invocation computes one output row,
-// visiting the 32 lanes of the canonical order one after another; each input
-// row keeps its own accumulators, so row r's bits do not depend on how many
-// rows ran. Weights in any format of weights.glsl (W_<FORMAT>), rows of
-// row_bytes bytes from byte w_off; columns past `cols` are never read (a
-// padded column adds +0 to a lane that is never -0: the same bits).
+// Twin of backends/cpu/ops.py gemv. Every output row is exact.py's dot: lane
+// l of 32 accumulates columns c*128 + 4l .. +3 into a vec4, folds it
+// (x+y)+(z+w), and the lanes combine in the fixed tree s[l] += s[l + stride]
+// for stride 16, 8, .., 1. Each input row keeps its own accumulators, so row
+// r's bits do not depend on how many rows ran. Two layouts of the same sums
+// (the order in which lanes are visited is free; the bits are the same):
+// - parallel (the default, for GPUs): the 32 invocations along x are the 32
+//   lanes, so neighbouring invocations read neighbouring weight words (at
+//   each 128-column step the lanes of a row read one contiguous stretch),
+//   and the lane sums combine through shared memory, a barrier between tree
+//   levels. A workgroup is 32 x GROUP_ROWS invocations, one row each 32.
+// - SERIAL_LANES (for CPU devices, Lavapipe): one invocation walks a whole
+//   row, visiting the lanes one after another (exact.glsl's X_TREE stack),
+//   64 rows a workgroup. Neighbouring invocations read addresses a row apart,
+//   which a GPU cannot coalesce; Lavapipe runs it 1.3-2x faster
+//   (tests/bench/bench_core.py): there each invocation has a fixed cost, and
+//   the parallel layout has 32 a row and the barriers of the tree.
+// Grid: (ceil(rows / push.py's Gemv rows_per_group), 1); ROUTED: (.., pairs).
+// Weights in any format of weights.glsl (W_<FORMAT>), rows of row_bytes
+// bytes from byte w_off; columns past `cols` are never read (a padded column
+// adds +0 to a lane that is never -0: the same bits).
 // acc != 0 adds the result to y (the residual stream: x + gemv(w, h) in one pass).
-// ROUTED (the experts): invocation (m, pair) computes one row of expert
+// ROUTED (the experts): workgroup (m, pair) computes rows of expert
 // idx[pair]'s matrix (held in device slot slot_of[expert]) for input row
 // pair / x_div, into output row pair; a pair whose expert has no slot is
 // left alone (the expert tier computes it on the CPU).
@@ -18,7 +33,13 @@
 #extension GL_GOOGLE_include_directive : require
 #include "exact.glsl"
 
+// rows per workgroup: push.py's Gemv.rows_per_group, which sizes the grid
+#ifdef SERIAL_LANES
 layout(local_size_x = 64) in;
+#else
+#define GROUP_ROWS 2u
+layout(local_size_x = 32, local_size_y = 2) in;
+#endif
 
 layout(std430, binding = 0) readonly buffer W { uint wq[]; };
 layout(std430, binding = 1) readonly buffer S { float scales[]; };
@@ -35,7 +56,7 @@ layout(std430, binding = 4) readonly buffer RM { uint row_of[]; };
 layout(push_constant) uniform Push {
     uint rows;      // output rows (M)
     uint cols;      // columns (K, a multiple of 4)
-    uint nvec;      // input rows, 1..8 (ROUTED: pairs, one per invocation)
+    uint nvec;      // input rows, 1..8 (ROUTED: pairs, one per workgroup along y)
     uint w_off;     // first weight byte
     uint s_off;     // first scale
     uint x_off;     // first input float (multiple of 4)
@@ -57,24 +78,60 @@ layout(push_constant) uniform Push {
 
 #define MAXR 8u
 
-uint w_base, s_base;
+uint w_base, s_base, nvec, x_off, y_off;
 
-vec4 load_w(uint wrow, uint col) {
-    uint rb = w_base + wrow * p.row_bytes, s0 = s_base + wrow * p.s_stride;
-#if defined(W_F32)
-    uint i = (rb >> 2) + col;
-    return uintBitsToFloat(uvec4(wq[i], wq[i + 1u], wq[i + 2u], wq[i + 3u]));
-#else
-    return vec4(w_value(rb, s0, col), w_value(rb, s0, col + 1u), w_value(rb, s0, col + 2u),
-                w_value(rb, s0, col + 3u));
+// This dispatch's operands for input pair `pair` (ROUTED; else 0); false
+// when there is nothing to compute: a pair past the list, or an expert
+// without a device slot (the same for a whole workgroup).
+bool operands(uint pair) {
+    w_base = p.w_off;
+    s_base = p.s_off;
+    nvec = min(p.nvec, MAXR);
+    x_off = p.x_off;
+    y_off = p.y_off;
+#ifdef ROUTED
+    if (pair >= p.nvec) return false;
+    uint e = slot_of[idx[p.idx_off + pair]];
+    if (e == 0xffffffffu) return false;
+    w_base += e * p.w_expert;
+    s_base += e * p.s_expert;
+    nvec = 1u;
+    x_off += (pair / p.x_div) * p.x_stride;
+    y_off += pair * p.y_stride;
 #endif
+    return true;
 }
 
+// The weight row of output row `row`; false when this dispatch has none
+// (past the rows, or ROWMAP: a row another part holds).
+bool weight_row(uint row, out uint wrow) {
+    wrow = row;
+    if (row >= p.rows) return false;
+#ifdef ROWMAP
+    wrow = row_of[row];
+    if (wrow < p.first_row || wrow >= p.first_row + p.part_rows) return false;
+    wrow -= p.first_row;
+#endif
+    return true;
+}
+
+void put(uint r, uint row, float v) {
+    uint o = y_off + r * p.y_stride + row;
+    if (p.acc != 0u) {
+        precise float t = y[o] + v;
+        y[o] = t;
+    } else {
+        y[o] = v;
+    }
+}
+
+#ifdef SERIAL_LANES
 // Called with a constant row count, so that after inlining the driver can
 // unroll the row loops and keep acc and st in registers: with a variable
 // count Lavapipe kept them in memory and a 4096 x 192 gemv took ~11 ms
 // instead of ~1.7 ms.
-void rows_of(uint row, uint wrow, uint x_off, uint y_off, const uint nvec) {
+void rows_of(uint row, uint wrow, const uint nvec) {
+    uint rb = w_base + wrow * p.row_bytes, s0 = s_base + wrow * p.s_stride;
     float st[MAXR][6];
     uint sp = 0u;
     for (uint i = 0u; i < REDUCE_LANES; i++) {
@@ -82,7 +139,7 @@ void rows_of(uint row, uint wrow, uint x_off, uint y_off, const uint nvec) {
         precise vec4 acc[MAXR];
         for (uint r = 0u; r < MAXR; r++) acc[r] = vec4(0.0);
         for (uint c = lane * 4u; c < p.cols; c += REDUCE_STRIDE) {
-            vec4 wv = load_w(wrow, c);
+            vec4 wv = w_vec4(rb, s0, c);
             for (uint r = 0u; r < nvec; r++) {
                 acc[r] = acc[r] + x4[(x_off + r * p.x_stride + c) >> 2] * wv;
             }
@@ -97,49 +154,75 @@ void rows_of(uint row, uint wrow, uint x_off, uint y_off, const uint nvec) {
             sp--;
         }
     }
-    for (uint r = 0u; r < nvec; r++) {
-        uint o = y_off + r * p.y_stride + row;
-        if (p.acc != 0u) {
-            precise float v = y[o] + st[r][0];
-            y[o] = v;
-        } else {
-            y[o] = st[r][0];
-        }
-    }
+    for (uint r = 0u; r < nvec; r++) put(r, row, st[r][0]);
 }
 
 void main() {
-    uint row = gl_GlobalInvocationID.x;
-    if (row >= p.rows) return;
-    w_base = p.w_off;
-    s_base = p.s_off;
-    uint nvec = p.nvec, x_off = p.x_off, y_off = p.y_off;
-#ifdef ROWMAP
-    uint wrow = row_of[row];
-    if (wrow < p.first_row || wrow >= p.first_row + p.part_rows) return;
-    wrow -= p.first_row;
-#else
-    uint wrow = row;
-#endif
-#ifdef ROUTED
-    uint pair = gl_GlobalInvocationID.y;
-    if (pair >= p.nvec) return;
-    uint e = slot_of[idx[p.idx_off + pair]];
-    if (e == 0xffffffffu) return;
-    w_base += e * p.w_expert;
-    s_base += e * p.s_expert;
-    nvec = 1u;
-    x_off += (pair / p.x_div) * p.x_stride;
-    y_off += pair * p.y_stride;
-#endif
+    uint row = gl_GlobalInvocationID.x, wrow;
+    if (!operands(gl_GlobalInvocationID.y) || !weight_row(row, wrow)) return;
     switch (nvec) {
-    case 1u: rows_of(row, wrow, x_off, y_off, 1u); break;
-    case 2u: rows_of(row, wrow, x_off, y_off, 2u); break;
-    case 3u: rows_of(row, wrow, x_off, y_off, 3u); break;
-    case 4u: rows_of(row, wrow, x_off, y_off, 4u); break;
-    case 5u: rows_of(row, wrow, x_off, y_off, 5u); break;
-    case 6u: rows_of(row, wrow, x_off, y_off, 6u); break;
-    case 7u: rows_of(row, wrow, x_off, y_off, 7u); break;
-    default: rows_of(row, wrow, x_off, y_off, 8u); break;
+    case 1u: rows_of(row, wrow, 1u); break;
+    case 2u: rows_of(row, wrow, 2u); break;
+    case 3u: rows_of(row, wrow, 3u); break;
+    case 4u: rows_of(row, wrow, 4u); break;
+    case 5u: rows_of(row, wrow, 5u); break;
+    case 6u: rows_of(row, wrow, 6u); break;
+    case 7u: rows_of(row, wrow, 7u); break;
+    default: rows_of(row, wrow, 8u); break;
     }
 }
+
+#else
+#define GROUP_INV (REDUCE_LANES * GROUP_ROWS)
+
+// the lane sum of input row r of invocation i at sums[r * GROUP_INV + i]
+shared float sums[MAXR * GROUP_INV];
+
+// Each input row's accumulator is a variable of its own: the guards test a
+// uniform count, so they do not diverge, and no array is indexed by it (such
+// an array stays in memory on Lavapipe). One copy of the loop for every
+// count: eight copies specialised by a switch ran slower on Lavapipe.
+#define X_ROW(k) (x4[(x_off + (k) * p.x_stride + c) >> 2])
+#define ACC_STEP(k) if (nvec > uint(k)) a##k = a##k + X_ROW(uint(k)) * wv
+#define ACC_OUT(k) if (nvec > uint(k)) sums[uint(k) * GROUP_INV + me] = x_fold4(a##k)
+
+void main() {
+    uint lane = gl_LocalInvocationID.x, me = gl_LocalInvocationIndex;
+    uint row = gl_WorkGroupID.x * GROUP_ROWS + gl_LocalInvocationID.y, wrow;
+    // a whole workgroup has one pair, so this return skips no barrier
+    if (!operands(gl_WorkGroupID.y)) return;
+    bool live = weight_row(row, wrow);
+    precise vec4 a0 = vec4(0.0), a1 = vec4(0.0), a2 = vec4(0.0), a3 = vec4(0.0),
+                 a4 = vec4(0.0), a5 = vec4(0.0), a6 = vec4(0.0), a7 = vec4(0.0);
+    if (live) {
+        uint rb = w_base + wrow * p.row_bytes, s0 = s_base + wrow * p.s_stride;
+        for (uint c = lane * 4u; c < p.cols; c += REDUCE_STRIDE) {
+            vec4 wv = w_vec4(rb, s0, c);
+            ACC_STEP(0); ACC_STEP(1); ACC_STEP(2); ACC_STEP(3);
+            ACC_STEP(4); ACC_STEP(5); ACC_STEP(6); ACC_STEP(7);
+        }
+    }
+    ACC_OUT(0); ACC_OUT(1); ACC_OUT(2); ACC_OUT(3);
+    ACC_OUT(4); ACC_OUT(5); ACC_OUT(6); ACC_OUT(7);
+    // the tree's levels 16, 8, 4, 2 here, 1 at the output; every invocation
+    // of the workgroup reaches every barrier
+    barrier();
+    for (uint stride = REDUCE_LANES / 2u; stride > 1u; stride >>= 1) {
+        if (lane < stride) {
+            for (uint r = 0u; r < nvec; r++) {
+                uint i = r * GROUP_INV + me;
+                precise float t = sums[i] + sums[i + stride];
+                sums[i] = t;
+            }
+        }
+        barrier();
+    }
+    if (lane == 0u && live) {
+        for (uint r = 0u; r < nvec; r++) {
+            uint i = r * GROUP_INV + me;
+            precise float t = sums[i] + sums[i + 1u];
+            put(r, row, t);
+        }
+    }
+}
+#endif

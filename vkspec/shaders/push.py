@@ -115,9 +115,15 @@ class Fill:
 
 @dataclass(kw_only=True)
 class Gemv:
+    # output rows per workgroup in each lane layout of gemv.comp (a class
+    # attribute, not a field): "parallel" 32 x 2 invocations, the 32 lanes of
+    # 2 rows; "serial" 64 invocations, a row each. A dispatch has
+    # ceil(rows / ROWS_PER_GROUP[layout]) workgroups along x.
+    ROWS_PER_GROUP = {"parallel": 2, "serial": 64}
+
     rows: u32              # output rows (M)
     cols: u32              # columns (K, a multiple of 4)
-    nvec: u32              # input rows, 1..8 (routed: pairs, one per invocation)
+    nvec: u32              # input rows, 1..8 (routed: pairs, one per workgroup along y)
     w_off: u32 = 0         # first weight byte
     s_off: u32 = 0         # first scale
     x_off: u32 = 0         # first input float (multiple of 4)

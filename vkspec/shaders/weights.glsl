@@ -14,7 +14,11 @@
 
 uint w_byte(uint o) { return (wq[o >> 2] >> ((o & 3u) << 3)) & 0xffu; }
 uint w_u16(uint o) { return (wq[o >> 2] >> ((o & 2u) << 3)) & 0xffffu; }   // o even
-uint w_u32(uint o) { return w_u16(o) | (w_u16(o + 2u) << 16); }              // o even
+uint w_u32(uint o) {                                                         // o even
+    uint i = o >> 2, a = wq[i];
+    if ((o & 2u) == 0u) return a;
+    return (a >> 16) | (wq[i + 1u] << 16);
+}
 int w_s8(uint b) { return int(b << 24) >> 24; }
 
 // f16 bits widened exactly (formats/ggml.py f16_bits_to_f32)
@@ -132,6 +136,148 @@ float w_value(uint rb, uint s0, uint e) {
 #endif
     return r;
 #endif
+}
+
+// Columns e..e+3 (e a multiple of 4) of the row at rb: w_value of each, bit
+// for bit, with the block's header read once. The 4 columns always share one
+// block (and one sub-block scale: blocks and sub-blocks are multiples of 4
+// columns), and their 4 quant bytes lie at an even offset, so one w_u32 reads them.
+#define W_BYTE_OF(u, i) (((u) >> (8u * (i))) & 0xffu)
+
+vec4 w_vec4(uint rb, uint s0, uint e) {
+    vec4 v;
+#if defined(W_F32)
+    uint i = (rb >> 2) + e;
+    v = uintBitsToFloat(uvec4(wq[i], wq[i + 1u], wq[i + 2u], wq[i + 3u]));
+#elif defined(W_F16)
+    uint a = w_u32(rb + 2u * e), b = w_u32(rb + 2u * e + 4u);
+    v = vec4(w_f16(a & 0xffffu), w_f16(a >> 16), w_f16(b & 0xffffu), w_f16(b >> 16));
+#elif defined(W_BF16)
+    uint a = w_u32(rb + 2u * e), b = w_u32(rb + 2u * e + 4u);
+    v = uintBitsToFloat(uvec4(a << 16, a & 0xffff0000u, b << 16, b & 0xffff0000u));
+#elif defined(W_INT4_G64)
+    uint h = w_u16(rb + (e >> 1));
+    float s = scales[s0 + (e >> 6)];
+    for (uint i = 0u; i < 4u; i++) {
+        precise float r = float(int((h >> (4u * i)) & 15u) - 8) * s;
+        v[i] = r;
+    }
+#elif defined(W_INT8) || defined(W_FP8)
+    uint u = w_u32(rb + e);
+#if defined(W_INT8)
+    float s = scales[s0];
+#else
+    float s = scales[s0 + (e >> 7)];
+#endif
+    for (uint i = 0u; i < 4u; i++) {
+#if defined(W_INT8)
+        precise float r = float(w_s8(W_BYTE_OF(u, i))) * s;
+#else
+        precise float r = w_fp8(W_BYTE_OF(u, i)) * s;
+#endif
+        v[i] = r;
+    }
+#else
+    uint j = e & 31u;
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
+#if defined(W_Q4_0)
+    uint o = rb + (e >> 5) * 18u, qs = 2u;
+#elif defined(W_Q4_1)
+    uint o = rb + (e >> 5) * 20u, qs = 4u;
+#elif defined(W_Q5_0)
+    uint o = rb + (e >> 5) * 22u, qs = 6u;
+    uint qh = w_u32(o + 2u) >> j;
+#else
+    uint o = rb + (e >> 5) * 24u, qs = 8u;
+    uint qh = w_u32(o + 4u) >> j;
+#endif
+    uint u = w_u32(o + qs + (j & 15u)) >> (j < 16u ? 0u : 4u);
+    float d = w_f16(w_u16(o));
+#if defined(W_Q4_1) || defined(W_Q5_1)
+    float m = w_f16(w_u16(o + 2u));
+#endif
+    for (uint i = 0u; i < 4u; i++) {
+        uint q = (u >> (8u * i)) & 15u;
+#if defined(W_Q4_0)
+        precise float r = d * float(int(q) - 8);
+#elif defined(W_Q4_1)
+        precise float r = d * float(q) + m;
+#elif defined(W_Q5_0)
+        q |= ((qh >> i) & 1u) << 4;
+        precise float r = d * float(int(q) - 16);
+#else
+        q |= ((qh >> i) & 1u) << 4;
+        precise float r = d * float(q) + m;
+#endif
+        v[i] = r;
+    }
+#elif defined(W_Q8_0)
+    uint o = rb + (e >> 5) * 34u;
+    uint u = w_u32(o + 2u + j);
+    float d = w_f16(w_u16(o));
+    for (uint i = 0u; i < 4u; i++) {
+        precise float r = float(w_s8(W_BYTE_OF(u, i))) * d;
+        v[i] = r;
+    }
+#else
+    uint k = e & 255u, half_ = k >> 7, rest = k & 127u, l = k & 31u;
+#if defined(W_Q2_K)
+    uint o = rb + (e >> 8) * 84u;
+    uint s = w_byte(o + (k >> 4));
+    uint u = w_u32(o + 16u + 32u * half_ + l) >> (2u * (rest >> 5));
+    precise float dl = w_f16(w_u16(o + 80u)) * float(s & 15u);
+    precise float ml = w_f16(w_u16(o + 82u)) * float(s >> 4);
+    for (uint i = 0u; i < 4u; i++) {
+        precise float r = dl * float((u >> (8u * i)) & 3u) - ml;
+        v[i] = r;
+    }
+#elif defined(W_Q3_K)
+    uint o = rb + (e >> 8) * 110u, pas = rest >> 5;
+    uint lo = w_u32(o + 32u + 32u * half_ + l) >> (2u * pas);
+    uint hb = w_u32(o + l) >> (4u * half_ + pas);
+    precise float dl = w_f16(w_u16(o + 108u)) * float(w_q3_scale(o + 96u, k >> 4));
+    for (uint i = 0u; i < 4u; i++) {
+        int q = int((lo >> (8u * i)) & 3u) - (((hb >> (8u * i)) & 1u) != 0u ? 0 : 4);
+        precise float r = dl * float(q);
+        v[i] = r;
+    }
+#elif defined(W_Q4_K) || defined(W_Q5_K)
+    uint chunk = k >> 6, nib = (k >> 5) & 1u;
+#if defined(W_Q4_K)
+    uint o = rb + (e >> 8) * 144u;
+    uint u = w_u32(o + 16u + 32u * chunk + l) >> (4u * nib);
+#else
+    uint o = rb + (e >> 8) * 176u;
+    uint u = w_u32(o + 48u + 32u * chunk + l) >> (4u * nib);
+    uint hb = w_u32(o + 16u + l) >> (2u * chunk + nib);
+#endif
+    uvec2 sm = w_k4(o + 4u, k >> 5);
+    precise float dl = w_f16(w_u16(o)) * float(sm.x);
+    precise float ml = w_f16(w_u16(o + 2u)) * float(sm.y);
+    for (uint i = 0u; i < 4u; i++) {
+        uint q = (u >> (8u * i)) & 15u;
+#if defined(W_Q5_K)
+        q |= ((hb >> (8u * i)) & 1u) << 4;
+#endif
+        precise float r = dl * float(q) - ml;
+        v[i] = r;
+    }
+#elif defined(W_Q6_K)
+    uint o = rb + (e >> 8) * 210u, kk = rest >> 5;
+    uint lo = w_u32(o + 64u * half_ + 32u * (kk & 1u) + l) >> (4u * (kk >> 1));
+    uint hi = w_u32(o + 128u + 32u * half_ + l) >> (2u * kk);
+    precise float dl = w_f16(w_u16(o + 208u)) * float(w_s8(w_byte(o + 192u + (k >> 4))));
+    for (uint i = 0u; i < 4u; i++) {
+        uint q = ((lo >> (8u * i)) & 15u) | (((hi >> (8u * i)) & 3u) << 4);
+        precise float r = dl * float(int(q) - 32);
+        v[i] = r;
+    }
+#else
+#error "define one W_<format>"
+#endif
+#endif
+#endif
+    return v;
 }
 
 #endif

@@ -13,6 +13,7 @@ from ...formats.matrix import QWeight
 from ...shaders import push as P
 from .device import get_device, load_shader, on_device
 from .memory import Uploader
+from .recorder import gemv_dispatch, gemv_layout
 
 
 def _padded_rows(x: np.ndarray, cols_p: int) -> np.ndarray:
@@ -54,12 +55,12 @@ class VulkanOps:
         dw = up.weight("w", [w])
         dev = self.dev
         xt, yt = dev.tensor(x2), dev.tensor(np.zeros((n, w.rows), np.float32))
-        seq, keep = dev.sequence(), []
+        seq, keep, lanes = dev.sequence(), [], gemv_layout(dev)
         for part in dw.parts:
             push = P.Gemv(rows=part.rows, cols=w.cols, nvec=n, x_stride=cols_p, y_stride=w.rows,
                           y_off=part.first_row, row_bytes=part.row_bytes, s_stride=part.s_stride)
-            keep.append(dev.algorithm(load_shader("gemv", part.variant), [part.data, part.scales, xt, yt],
-                                      -(-part.rows // 64), push))
+            variant, gx = gemv_dispatch(part.variant, part.rows, lanes)
+            keep.append(dev.algorithm(load_shader("gemv", variant), [part.data, part.scales, xt, yt], gx, push))
             seq.record(dev.kp.OpAlgoDispatch(keep[-1]))
         seq.record(dev.kp.OpTensorSyncLocal([yt]))
         seq.eval()

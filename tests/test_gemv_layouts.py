@@ -1,0 +1,89 @@
+"""gemv.comp's two lane layouts give the same bits: "parallel" (the 32 lanes
+of a row across invocations, a shared-memory tree; the default on GPUs) and
+"serial" (one invocation walks a row; the default on Lavapipe, so the other
+tests run it there). Every format with edge blocks and 1..8 rows, ragged
+shapes, and a model whose chain runs the plain, accumulating (residual),
+routed (experts) and row-mapped (draft vocabulary) GEMVs in verify blocks."""
+
+import numpy as np
+import pytest
+
+from conftest import bits_equal
+from test_formats import FMTS, weights
+from vkspec import exact
+from vkspec.backends.vulkan.recorder import gemv_layout
+from vkspec.errors import VkspecError
+from vkspec.formats.matrix import dequantize, f32 as as_f32
+from vkspec.formats.quant import quantize
+from vkspec.loader import load_model
+from vkspec.sampling import Sampler
+from vkspec.speculative import SpecConfig, generate, generate_spec
+from vkspec.speculative.sources import build
+from vkspec.tier.resident import TierConfig
+from vkspec.tiny import make_tiny
+
+LAYOUTS = ["parallel", "serial"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_every_format_and_row_count(fmt, layout, vk, monkeypatch):
+    monkeypatch.setenv("VKSPEC_GEMV_LANES", layout)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    for w in weights(fmt, rng):
+        values = dequantize(w)
+        for n in range(1, 9):
+            bits_equal(vk.gemv(w, x[:n]), exact.gemv(values, x[:n]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", [(1, 4), (3, 124), (33, 128), (65, 132), (257, 1000)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_ragged_shapes(shape, layout, vk, monkeypatch):
+    """Rows that leave a workgroup part empty, and columns that leave lanes
+    without a step (or with one step fewer than others)."""
+    monkeypatch.setenv("VKSPEC_GEMV_LANES", layout)
+    rng = np.random.default_rng(shape[0] * 7 + shape[1])
+    w32 = rng.standard_normal(shape).astype(np.float32)
+    x = (rng.standard_normal((8, shape[1])) * 10).astype(np.float32)
+    for fmt in ("f32", "int8", "int4-g64"):
+        w = as_f32(w32) if fmt == "f32" else quantize(as_f32(w32), fmt)
+        for n in (1, 3, 8):
+            bits_equal(vk.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n]))
+
+
+def test_a_bad_layout_name_is_one_line(vk, monkeypatch):
+    monkeypatch.setenv("VKSPEC_GEMV_LANES", "diagonal")
+    with pytest.raises(VkspecError, match="VKSPEC_GEMV_LANES='diagonal': use one of parallel, serial"):
+        gemv_layout(vk.dev)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("moe"), seed=5, mtp=True, experts=8, top_k=2, echo=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_chain_with_experts_and_a_draft_vocabulary(vk, moe_dir, layout, monkeypatch):
+    """Half the experts in device slots (routed GEMVs), MTP drafts scored over
+    a listed vocabulary (row-mapped lm_head), verify blocks of up to 4 rows:
+    the tokens and digest of the CPU's plain decoding."""
+    monkeypatch.setenv("VKSPEC_GEMV_LANES", layout)
+    prompt, n = [40, 41, 42, 43, 44, 45, 46, 47] * 2 + [3, 9], 32
+    want = generate(load_model(moe_dir, fmt="int8"), prompt, n)
+    cpu = load_model(moe_dir, fmt="int8")
+    e = cpu.w.layers[0].ffn.experts[0]
+    gb = 16 * (e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()) / (1 << 30)
+    m = load_model(moe_dir, fmt="int8", backend="vulkan", tier=TierConfig(budget_gb=gb))
+    assert m.recorder.lanes == layout
+    sources, gate = build(m, SpecConfig(spec_mode="mtp", spec_draft_max=3, spec_gate=False,
+                                        spec_mtp_fr_vocab_size=4))
+    got = generate_spec(m, prompt, n, Sampler(), sources, gate)
+    assert got.tokens == want.tokens and got.digest == want.digest
+    assert got.counters.drafted > 0
+    st = m.tier.stats
+    assert 0 < st.hits < st.pairs
+    suffix = "_serial" if layout == "serial" else ""
+    ran = {key[0] for key in m.recorder.algos}
+    assert {f"gemv.int8{kind}{suffix}.spv" for kind in ("", "_routed", "_rowmap")} <= ran, sorted(ran)
