@@ -163,7 +163,8 @@ def _bench(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.backend} {args.dtype}: decode {out['decode_tok_s']:.1f} tok/s, "
+        held = "the file's own formats" if args.model.endswith(".gguf") else args.dtype
+        print(f"{args.backend}, weights in {held}: decode {out['decode_tok_s']:.1f} tok/s, "
               f"host share {out['host_share']:.1%}, weights read per token "
               f"{out['weight_bytes_per_token'] / 2**20:.1f} MiB (file {out['file_bytes'] / 2**20:.1f} MiB)")
         print("n          " + " ".join(f"{n:>6}" for n in out["t_ratio"]))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from . import family_gemma3
 from .errors import VkspecError
+from .gguf_keys import attention_shape, needer
 
 
 @dataclass(frozen=True)
@@ -197,23 +198,9 @@ def gguf_config(ga: GgufArch, arch: str, meta, tensors, path) -> dict:
     table; what the file says by its tensors goes under "vkspec"."""
     if ga.config is not None:
         return ga.config(meta, tensors, path)
-    def need(k):
-        v = meta(f"{arch}.{k}")
-        if v is None:
-            raise VkspecError(f"{path}: missing metadata key {arch}.{k!r}")
-        return v
-
-    heads = int(need("attention.head_count"))
-    if heads < 1:
-        raise VkspecError(f"{path}: {arch}.attention.head_count = {heads} (must be >= 1)")
-    hidden = int(need("embedding_length"))
+    need = needer(meta, arch, path)
     rope_dims = meta(f"{arch}.rope.dimension_count")
-    head_dim = int(meta(f"{arch}.attention.key_length")
-                   or (rope_dims if arch == "llama" else None) or hidden // heads)
-    vlen = meta(f"{arch}.attention.value_length")
-    if vlen is not None and int(vlen) != head_dim:
-        raise VkspecError(f"{path}: {arch}.attention.value_length {vlen} != key_length {head_dim} "
-                          "(not supported)")
+    heads, hidden, head_dim = attention_shape(meta, arch, path, rope_dims if arch == "llama" else None)
     scaling = meta(f"{arch}.rope.scaling.type")
     if scaling not in (None, "none"):
         raise VkspecError(f"{path}: {arch}.rope.scaling.type {scaling!r} is not supported (default RoPE only)")

@@ -35,6 +35,7 @@ import numpy as np
 
 from .cachedir import cache_root
 from .errors import VkspecError
+from .gguf_keys import attention_shape, needer
 
 MODEL_TYPES = ("gemma3_text",)
 GGUF_ARCH = "gemma3"
@@ -140,20 +141,9 @@ def gguf_config(meta, tensors, path) -> dict:
     with llama.cpp's reading of what the file leaves out."""
     a = GGUF_ARCH
 
-    def need(k):
-        v = meta(f"{a}.{k}")
-        if v is None:
-            raise VkspecError(f"{path}: missing metadata key {a}.{k!r}")
-        return v
-
-    heads = int(need("attention.head_count"))
-    if heads < 1:
-        raise VkspecError(f"{path}: {a}.attention.head_count = {heads} (must be >= 1)")
-    hidden, layers = int(need("embedding_length")), int(need("block_count"))
-    head_dim = int(meta(f"{a}.attention.key_length") or hidden // heads)
-    vlen = meta(f"{a}.attention.value_length")
-    if vlen is not None and int(vlen) != head_dim:
-        raise VkspecError(f"{path}: {a}.attention.value_length {vlen} != key_length {head_dim} (not supported)")
+    need = needer(meta, a, path)
+    heads, hidden, head_dim = attention_shape(meta, a, path)
+    layers = int(need("block_count"))
     cap = meta(f"{a}.final_logit_softcapping")
     pattern = meta(f"{a}.attention.sliding_window_pattern")
     if pattern is None or np.ndim(pattern) == 0:

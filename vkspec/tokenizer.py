@@ -37,10 +37,13 @@ def find_tokenizer(model_dir) -> Tok | None:
 
 
 def load_tokenizer(model_dir) -> Tok:
+    from . import pages
     from .gguf_file import is_gguf, open_gguf
     if is_gguf(model_dir):
         f = open_gguf(model_dir)
-        return Tok(f.tokenizer(), f.bos_to_add())
+        tok = Tok(f.tokenizer(), f.bos_to_add())
+        pages.trim_heap()
+        return tok
     path = Path(model_dir) / "tokenizer.json"
     if not path.exists():
         raise VkspecError(f"{model_dir}: no tokenizer.json (use --prompt-ids)")
@@ -49,6 +52,7 @@ def load_tokenizer(model_dir) -> Tok:
         tk = Tokenizer.from_file(str(path))
     except Exception as e:
         raise VkspecError(f"{path}: not a readable tokenizer ({str(e).splitlines()[0]})") from None
+    pages.trim_heap()
     return Tok(tk, _bos_of_config(Path(model_dir) / "tokenizer_config.json", tk))
 
 

@@ -92,7 +92,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--backends", default="cpu,vulkan")
-    ap.add_argument("--peer", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/vkspec-peer/build-cpu/bin")))
+    ap.add_argument("--peer", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/vkspec-peer/build-cpu/bin")),
+                    help="llama.cpp's bin folder (docs/performance.md: a build without AMX where the "
+                         "VM advertises AMX it cannot run)")
     ap.add_argument("--out", default="out/vs_llama.json")
     a = ap.parse_args()
     text, n_prompt = rendered_prompt(a.model)

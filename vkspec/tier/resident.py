@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.cpu import ops as cpu
-from ..backends.vulkan.memory import DevPart, DevWeight
+from ..backends.vulkan.buffers import DevPart, DevWeight
 from ..errors import VkspecError
 from .history import History
 from .policy import Placement, split_slots

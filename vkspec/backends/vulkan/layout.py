@@ -23,7 +23,8 @@ from ...config import ModelConfig
 from ...formats.matrix import QWeight
 from ...rope import rope_tables
 from ...weights import LayerW, MoeW, Weights
-from .memory import DevWeight, Uploader
+from .buffers import DevWeight
+from .memory import Uploader
 from .step import step_block
 
 MAX_ROWS = 8

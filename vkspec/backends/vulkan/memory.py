@@ -13,129 +13,18 @@ state. A shader then binds the same buffers at every layer and takes the
 layer's offset in its push constants, so one pipeline serves all layers
 (Lavapipe compiles every pipeline with LLVM: ~1 MiB and ~0.1 s each).
 
-Limits kp cannot query: the largest storage buffer (Vulkan guarantees 128 MiB,
-Lavapipe reports exactly that; VKSPEC_MAX_BUFFER_MB overrides it) and the
-memory to use (``budget_gb``, from ``--device-gb`` or VKSPEC_DEVICE_GB).
+The pieces (Plan, DevWeight, Span, the limits) are in buffers.py.
 """
 
 from __future__ import annotations
-
-import os
-from dataclasses import dataclass
 
 import numpy as np
 
 from ... import pages
 from ...errors import DeviceError, VkspecError
-from ...formats.matrix import FORMATS, QWeight
-
-
-def _size(b: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if b >= 1 << shift:
-            return f"{b / (1 << shift):.2f} {unit}"
-    return f"{b} bytes"
-
-
-def max_buffer_bytes() -> int:
-    return int(float(os.environ.get("VKSPEC_MAX_BUFFER_MB", "128")) * (1 << 20))
-
-
-def budget_bytes(budget_gb: float | None) -> int | None:
-    if budget_gb is None and os.environ.get("VKSPEC_DEVICE_GB"):
-        budget_gb = float(os.environ["VKSPEC_DEVICE_GB"])
-    return None if budget_gb is None else int(budget_gb * (1 << 30))
-
-
-@dataclass
-class Plan:
-    """The tensors of a chain, by name, in bytes."""
-    items: list[tuple[str, int]]
-
-    @property
-    def total(self) -> int:
-        return sum(b for _, b in self.items)
-
-    def check(self, budget: int | None, what: str = "the dense chain"):
-        limit = max_buffer_bytes()
-        for name, b in self.items:
-            if b > limit:
-                raise VkspecError(
-                    f"{name} needs one {b / 2**20:.2f} MiB device buffer, over the device's "
-                    f"largest storage buffer ({limit / 2**20:.2f} MiB; VKSPEC_MAX_BUFFER_MB)")
-        if budget is not None and self.total > budget:
-            raise VkspecError(f"{what} needs {self.total / 2**30:.3f} GiB of device memory, over "
-                              f"the budget of {budget / 2**30:.3f} GiB (--device-gb / VKSPEC_DEVICE_GB)")
-
-
-@dataclass
-class DevPart:
-    """Rows first_row.. of a weight, in one format, in one device buffer."""
-    first_row: int
-    rows: int
-    fmt: str
-    row_bytes: int
-    s_stride: int         # scales per row (0: none outside the data)
-    data: object          # kp tensor holding the rows' bytes from byte w_off
-    scales: object        # kp tensor holding the scales from float s_off
-    w_off: int = 0
-    s_off: int = 0
-
-    @property
-    def variant(self) -> str:
-        return FORMATS[self.fmt].variant
-
-
-@dataclass
-class DevWeight:
-    """A weight matrix on the device, uploaded once in its formats: one part,
-    or several where the rows change format (q|k|v of a K-quant file) or
-    exceed one storage buffer."""
-    rows: int
-    cols: int
-    parts: list[DevPart]
-
-    @property
-    def single(self) -> DevPart:
-        assert len(self.parts) == 1, "this use needs the weight in one part"
-        return self.parts[0]
-
-
-@dataclass(eq=False)
-class Span:
-    """Words off..off+n of the arena tensor t: one layer's piece of a buffer
-    the layers share."""
-    t: object
-    off: int
-    n: int
-
-
-ALIGN_WORDS = 4               # spans start on 16 bytes (vec4 and block reads)
-# arena kinds: word type, made zero (the rest is written whole before use)
-ARENA_KINDS = {"weights": (np.uint32, False), "scales": (np.float32, False),
-               "vectors": (np.float32, False), "kv": (np.float32, True),
-               "ring": (np.float32, True), "ssm": (np.float32, True)}
-
-
-def _aligned(words: int) -> int:
-    return -(-max(int(words), 1) // ALIGN_WORDS) * ALIGN_WORDS
-
-
-def pack(sizes: list[int], limit_words: int) -> list[int]:
-    """The arenas (their words) that spans of these sizes fill, in order,
-    each arena closed when the next span does not fit."""
-    arenas: list[int] = []
-    for w in sizes:
-        w = _aligned(w)
-        if not arenas or arenas[-1] + w > limit_words:
-            arenas.append(0)
-        arenas[-1] += w
-    return arenas
-
-
-class _Arena:
-    def __init__(self, t, cap: int):
-        self.t, self.cap, self.used, self.live = t, cap, 0, 0
+from ...formats.matrix import QWeight
+from .buffers import (ALIGN_WORDS, ARENA_KINDS, Arena, DevPart, DevWeight, Plan, Span, aligned,
+                      max_buffer_bytes, pack, size_text)
 
 
 STAGING_MAX = 4 << 20         # host-visible bytes every upload goes through
@@ -165,8 +54,8 @@ class Uploader:
         self._names: dict[int, str] = {}
         self._staging = None
         self._planned = {k: list(v) for k, v in (arenas or {}).items()}   # kind -> arena words
-        self._arenas: dict[str, list[_Arena]] = {}
-        self._span_arena: dict[int, _Arena] = {}
+        self._arenas: dict[str, list[Arena]] = {}
+        self._span_arena: dict[int, Arena] = {}
 
     @classmethod
     def dry(cls) -> "Uploader":
@@ -192,7 +81,7 @@ class Uploader:
         """`words` words for `name` in an arena of its kind (ARENA_KINDS; a
         kind "ring@4" is a generation of "ring")."""
         dtype, zeroed = ARENA_KINDS[kind.split("@")[0]]
-        need, limit = _aligned(words), max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS
+        need, limit = aligned(words), max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS
         if need > limit and self.dev is not None:     # a dry run's Plan.check names it
             raise VkspecError(f"{name} needs one {need * 4 / 2**20:.2f} MiB device buffer, over the "
                               f"device's largest storage buffer ({limit * 4 / 2**20:.2f} MiB; "
@@ -206,7 +95,7 @@ class Uploader:
             planned = self._planned.get(kind, [])
             cap = max(limit, need) if self.dev is None else (planned[len(arenas)] if len(arenas) < len(planned)
                                                              else need)
-            a = _Arena(None, cap)
+            a = Arena(None, cap)
             make = (lambda: self.dev.zeros(cap, dtype)) if zeroed else (lambda: self.dev.storage(cap, dtype))
         if self.dev is not None:
             t = self._allocate(name, need * 4, make or (lambda: None))
@@ -250,9 +139,9 @@ class Uploader:
                 return make()
         except DeviceError as e:
             cause = e.__cause__ or e
-            plan = f" of the plan's {_size(self.planned)}" if self.planned else ""
-            raise DeviceError(f"the Vulkan device could not allocate {name} ({_size(size)}) with "
-                              f"{_size(self.allocated)}{plan} in place: {str(cause).splitlines()[0]}") from cause
+            plan = f" of the plan's {size_text(self.planned)}" if self.planned else ""
+            raise DeviceError(f"the Vulkan device could not allocate {name} ({size_text(size)}) with "
+                              f"{size_text(self.allocated)}{plan} in place: {str(cause).splitlines()[0]}") from cause
 
     def _made(self, name: str, words: int, make, report: bool = True):
         if name in self.made:

@@ -24,7 +24,8 @@ from ...weights import Weights
 from .device import get_device, on_device
 from .faults import Faults
 from .layout import MAX_ROWS, Layout
-from .memory import Plan, Uploader, budget_bytes
+from .buffers import Plan, budget_bytes
+from .memory import Uploader
 from .recorder import Recorder
 from .state import DeviceState, DeviceStates
 from .step import NO_SLOT, step_block

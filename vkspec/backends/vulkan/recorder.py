@@ -20,7 +20,7 @@ from ...shaders import push as P
 from . import graph as G
 from .graph import Recording, groups
 from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
-from .memory import DevWeight
+from .buffers import DevWeight
 
 
 def gemv_layout(dev) -> str:
