@@ -72,4 +72,6 @@ def kernel_choice() -> KernelChoice:
     except Exception:                       # noqa: BLE001 - only a name for the report
         host = "the host"
     target = os.environ.get("NUMBA_CPU_NAME") or host
-    return KernelChoice("numba generic (one set for every width)", f"LLVM target {target}", isa())
+    from .jit_ir import ISA
+    return KernelChoice(f"numba, dot products as LLVM IR for {ISA} (VKSPEC_CPU_ISA forces one)",
+                        f"LLVM target {target}", isa())
