@@ -22,6 +22,7 @@ from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import MAX_ROWS, dot_rows
+from .jit_unpack import Q4_0, Q4_1, Q4_K, Q8_0, unpack
 
 F = np.float32
 CODES = {name: i for i, name in enumerate(
@@ -119,39 +120,29 @@ def decode_row(code, row, scales, cols, out):
         _decode_256(code, row, cols, out)
 
 
-# The formats most files use, each a plain loop the compiler vectorises: the
-# same formulas as _decode_32 / _decode_256 (tests/test_formats.py holds both
-# to the definition).
+# The formats most files use, their blocks' values from vector IR
+# (jit_unpack): the same formulas as _decode_32 / _decode_256
+# (tests/test_formats.py holds both to the definition).
 
 @njit(**_JIT)
 def _q4_0(row, cols, out):
     for b in range(cols // 32):
-        o, y = b * 18, b * 32
-        d = _f16(row, o)
-        for j in range(16):
-            q = row[o + 2 + j]
-            out[y + j] = d * F(np.int32(q & np.uint8(15)) - np.int32(8))
-            out[y + 16 + j] = d * F(np.int32(q >> np.uint8(4)) - np.int32(8))
+        o = b * 18
+        unpack(Q4_0, row, o + 2, out, b * 32, _f16(row, o), F(0.0), 0)
 
 
 @njit(**_JIT)
 def _q4_1(row, cols, out):
     for b in range(cols // 32):
-        o, y = b * 20, b * 32
-        d, m = _f16(row, o), _f16(row, o + 2)
-        for j in range(16):
-            q = row[o + 4 + j]
-            out[y + j] = d * F(q & np.uint8(15)) + m
-            out[y + 16 + j] = d * F(q >> np.uint8(4)) + m
+        o = b * 20
+        unpack(Q4_1, row, o + 4, out, b * 32, _f16(row, o), _f16(row, o + 2), 0)
 
 
 @njit(**_JIT)
 def _q8_0(row, cols, out):
     for b in range(cols // 32):
-        o, y = b * 34, b * 32
-        d = _f16(row, o)
-        for j in range(32):
-            out[y + j] = F(np.int8(row[o + 2 + j])) * d
+        o = b * 34
+        unpack(Q8_0, row, o + 2, out, b * 32, _f16(row, o), F(0.0), 0)
 
 
 @njit(**_JIT)
@@ -161,11 +152,8 @@ def _q4_k(row, cols, out):
         d, dmin = _f16(row, o), _f16(row, o + 2)
         for pair in range(8):
             sc, mn = _k4(row, o + 4, pair)
-            dl, ml = d * F(sc), dmin * F(mn)
-            base = o + 16 + 32 * (pair // 2)
-            shift = np.uint8(4 * (pair % 2))
-            for l in range(32):
-                out[y + 32 * pair + l] = dl * F((row[base + l] >> shift) & np.uint8(15)) - ml
+            unpack(Q4_K, row, o + 16 + 32 * (pair // 2), out, y + 32 * pair, d * F(sc), dmin * F(mn),
+                   4 * (pair % 2))
 
 
 @njit(**_JIT)
@@ -315,4 +303,5 @@ def machine_code() -> str:
     gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
     gemv_(3, np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F),
           np.zeros((2, 256), F), np.empty((2, jit.BLOCK), F))
-    return "\n".join([jit.machine_code()] + list(gemv_.inspect_asm().values()))
+    from . import jit_unpack
+    return "\n".join([jit.machine_code(), jit_unpack.machine_code()] + list(gemv_.inspect_asm().values()))

@@ -135,4 +135,58 @@ def _ir(rows: int, isa: str = ISA) -> str:
 
 
 def ir_digest(isa: str = ISA) -> str:
-    return hashlib.sha1("".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)).encode()).hexdigest()[:16]
+    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir()
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _splat(name: str, value: str, n: int, ty: str) -> list[str]:
+    return [f"  %{name}1 = insertelement <{n} x {ty}> poison, {ty} {value}, i64 0",
+            f"  %{name} = shufflevector <{n} x {ty}> %{name}1, <{n} x {ty}> poison, <{n} x i32> zeroinitializer"]
+
+
+def unpack_ir() -> str:
+    """The block formats' inner loops as vector IR (numba compiles its own
+    loops over uint8 quants to one scalar conversion a value):
+
+    * vkspec_q4_0(src, dst, d): 16 bytes -> dst[0:16] = d * (lo - 8),
+      dst[16:32] = d * (hi - 8)
+    * vkspec_q4_1(src, dst, d, m): d * lo + m, d * hi + m
+    * vkspec_q4_k(src, dst, d, m, shift): 32 bytes -> d * ((b >> shift) & 15) - m
+    * vkspec_q8_0(src, dst, d): 32 signed bytes -> q * d
+
+    The formulas of formats/ggml.py, one fmul and one fadd/fsub each with no
+    fast-math flags (never fused); every integer converts to float exactly."""
+    out = []
+    for name, sub8, tail in (("q4_0", True, None), ("q4_1", False, "fadd")):
+        L = [f"define void @vkspec_{name}(ptr %src, ptr %dst, float %d, float %m) {{", "entry:",
+             "  %v = load <16 x i8>, ptr %src, align 1",
+             f"  %lo = and <16 x i8> %v, {_consts([15] * 16, 'i8')}",
+             f"  %hi = lshr <16 x i8> %v, {_consts([4] * 16, 'i8')}"]
+        L += _splat("ds", "%d", 16, "float") + _splat("ms", "%m", 16, "float")
+        for h, at in (("lo", 0), ("hi", 16)):
+            L.append(f"  %{h}w = zext <16 x i8> %{h} to <16 x i32>")
+            if sub8:
+                L.append(f"  %{h}s = sub <16 x i32> %{h}w, {_consts([8] * 16)}")
+                L.append(f"  %{h}f = sitofp <16 x i32> %{h}s to <16 x float>")
+            else:
+                L.append(f"  %{h}f = uitofp <16 x i32> %{h}w to <16 x float>")
+            L.append(f"  %{h}p = fmul <16 x float> %ds, %{h}f")
+            res = f"%{h}p"
+            if tail:
+                L.append(f"  %{h}r = {tail} <16 x float> %{h}p, %ms")
+                res = f"%{h}r"
+            L += [f"  %{h}d = getelementptr float, ptr %dst, i64 {at}",
+                  f"  store <16 x float> {res}, ptr %{h}d, align 4"]
+        out += L + ["  ret void", "}"]
+    out += ["define void @vkspec_q4_k(ptr %src, ptr %dst, float %d, float %m, i8 %shift) {", "entry:",
+            "  %v = load <32 x i8>, ptr %src, align 1"] + _splat("sh", "%shift", 32, "i8") + [
+            "  %s = lshr <32 x i8> %v, %sh", f"  %q = and <32 x i8> %s, {_consts([15] * 32, 'i8')}",
+            "  %qf = uitofp <32 x i8> %q to <32 x float>"] + _splat("ds", "%d", 32, "float") + \
+        _splat("ms", "%m", 32, "float") + [
+            "  %p = fmul <32 x float> %ds, %qf", "  %r = fsub <32 x float> %p, %ms",
+            "  store <32 x float> %r, ptr %dst, align 4", "  ret void", "}"]
+    out += ["define void @vkspec_q8_0(ptr %src, ptr %dst, float %d) {", "entry:",
+            "  %v = load <32 x i8>, ptr %src, align 1", "  %qf = sitofp <32 x i8> %v to <32 x float>"] + \
+        _splat("ds", "%d", 32, "float") + [
+            "  %p = fmul <32 x float> %qf, %ds", "  store <32 x float> %p, ptr %dst, align 4", "  ret void", "}"]
+    return "\n".join(out) + "\n"
