@@ -48,6 +48,16 @@ def bits_equal(a, b):
     assert same_bits(a, b), "device and CPU differ"
 
 
+def forward_both(cpu, dev, sc, sv, rows, **kw):
+    """The same rows forwarded on the CPU and on the device: hidden rows and
+    logits byte for byte. Returns the CPU's (hidden, logits)."""
+    hc, lc = cpu.forward(rows, sc, **kw)
+    hv, lv = dev.forward(rows, sv, **kw)
+    bits_equal(hv, hc)
+    bits_equal(lv, lc)
+    return hc, lc
+
+
 def require(module: str):
     """Import a test-only dependency (torch, transformers). Under `make test`
     (VKSPEC_REQUIRE_DEVICE=1) a missing one fails the run instead of skipping."""

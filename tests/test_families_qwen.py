@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import bits_equal, require
+from conftest import bits_equal, forward_both, require
 
 torch = require("torch")
 require("transformers")
@@ -97,10 +97,7 @@ def test_device_equals_cpu(pair, vk):
     sc, sv = cpu.new_state(), dev.new_state()
     toks = PROMPT[:13]
     for i in range(0, len(toks), 8):
-        hc, lc = cpu.forward(toks[i:i + 8], sc)
-        hv, lv = dev.forward(toks[i:i + 8], sv)
-        bits_equal(hv, hc)
-        bits_equal(lv, lc)
+        hc, lc = forward_both(cpu, dev, sc, sv, toks[i:i + 8])
     for _ in range(5):
         tok = int(np.argmax(lc[-1]))
         assert dev.last_picks[-1] == tok

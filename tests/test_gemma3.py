@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import bits_equal, require
+from conftest import bits_equal, forward_both, require
 
 torch = require("torch")
 require("transformers")
@@ -97,18 +97,12 @@ def test_the_device_equals_the_cpu_past_the_window(vk, tiny, cpu):
     sc, sv = cpu.new_state(), dev.new_state()
     toks = ids(150, seed=2)
     for i in range(0, len(toks), 8):
-        hc, lc = cpu.forward(toks[i:i + 8], sc)
-        hv, lv = dev.forward(toks[i:i + 8], sv)
-        bits_equal(hv, hc)
-        bits_equal(lv, lc)
+        hc, lc = forward_both(cpu, dev, sc, sv, toks[i:i + 8])
     for step in range(12):
         tok = int(np.argmax(lc[-1]))
         assert dev.last_picks[len(lc) - 1] == tok
         block = [tok] + ids(6, seed=10 + step)[1:] if step % 3 == 0 else [tok]
-        hc, lc = cpu.forward(block, sc, copies=True)
-        hv, lv = dev.forward(block, sv, copies=True)
-        bits_equal(hv, hc)
-        bits_equal(lv, lc)
+        hc, lc = forward_both(cpu, dev, sc, sv, block, copies=True)
         if len(block) > 1:                      # a verify block: keep two rows
             cpu.rewind(sc, 2)
             dev.rewind(sv, 2)

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import bits_equal, require
+from conftest import forward_both, require
 from vkspec.cachedir import cache_root
 from vkspec.loader import load_model
 from vkspec.speculative import generate
@@ -94,14 +94,8 @@ def test_the_device_equals_the_cpu(vk, gguf_path, cpu):
     assert len(dev.b.head.parts) > 1
     sc, sv = cpu.new_state(), dev.new_state()
     for block in (PROMPT, [9259, 1902, 236764]):
-        hc, lc = cpu.forward(block, sc)
-        hv, lv = dev.forward(block, sv)
-        bits_equal(hv, hc)
-        bits_equal(lv, lc)
+        hc, lc = forward_both(cpu, dev, sc, sv, block)
     for _ in range(3):
         tok = int(np.argmax(lc[-1]))
         assert dev.last_picks[-1] == tok
-        hc, lc = cpu.forward([tok], sc)
-        hv, lv = dev.forward([tok], sv)
-        bits_equal(hv, hc)
-        bits_equal(lv, lc)
+        hc, lc = forward_both(cpu, dev, sc, sv, [tok])
