@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import families, family_gemma3
+from . import families
 from .errors import VkspecError
 
 SUPPORTED = tuple(families.FAMILIES)
@@ -99,8 +99,8 @@ def from_dict(d: dict, src: str = "config.json") -> ModelConfig:
     d = families.text_config(d)
     fam = families.family(d, src)
     extra = {}
-    if d["model_type"] in family_gemma3.MODEL_TYPES:   # sliding layers, GELU: per-layer fields
-        d, extra = family_gemma3.translate(d, src)
+    if fam.translate is not None:          # Gemma 3: sliding layers, GELU as per-layer fields
+        d, extra = fam.translate(d, src)
     mt = d["model_type"]
     families.refuse_unsupported(d, src)
     rope = d.get("rope_parameters") or d.get("rope_scaling") or {}

@@ -41,6 +41,9 @@ class Family:
     moe: str = "config"               # "config" | "none" | "all"
     norm_topk_default: bool = True    # when the config does not say
     partial_rotary_factor: float = 1.0
+    # (config dict, source) -> (the dict config.from_dict reads, ModelConfig
+    # fields it sets): a family whose features are per-layer fields (Gemma 3)
+    translate: object = None
 
 
 _NEXT = Family(hybrid=True, norm_plus_one=True, qk_norm=True, attn_gate=True, partial_rotary_factor=0.25)
@@ -53,7 +56,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5": replace(_NEXT, moe="none"), "qwen3_5_text": replace(_NEXT, moe="none"),
     "qwen3_5_moe": replace(_NEXT, moe="all"), "qwen3_5_moe_text": replace(_NEXT, moe="all"),
     # the rest of Gemma 3 (sandwich norms, windows, GELU) is family_gemma3.translate's
-    **{mt: Family(norm_plus_one=True, qk_norm=True) for mt in family_gemma3.MODEL_TYPES},
+    **{mt: Family(norm_plus_one=True, qk_norm=True, translate=family_gemma3.translate)
+       for mt in family_gemma3.MODEL_TYPES},
 }
 
 
@@ -152,6 +156,7 @@ class GgufArch:
     hybrid: bool = False              # ssm.* keys, nextn MTP blocks counted in block_count
     stored_plus_one: bool = False     # norms written as 1 + w (then norm_plus_one is off)
     config: object = None             # (meta, tensors, path) -> config dict, for a family of its own
+    tokenizer: object = None          # (meta, path) -> a SentencePiece vocabulary as a tokenizers BPE
 
 
 GGUF_ARCHS: dict[str, GgufArch] = {
@@ -161,7 +166,7 @@ GGUF_ARCHS: dict[str, GgufArch] = {
     "qwen3moe": GgufArch("qwen3_moe"),
     "qwen3next": GgufArch("qwen3_next", layer=_QWEN3NEXT, hybrid=True, stored_plus_one=True),
     family_gemma3.GGUF_ARCH: GgufArch("gemma3_text", layer=family_gemma3.GGUF_LAYER_NAMES, stored_plus_one=True,
-                                      config=family_gemma3.gguf_config),
+                                      config=family_gemma3.gguf_config, tokenizer=family_gemma3.tokenizer),
 }
 
 

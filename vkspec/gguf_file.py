@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import families, family_gemma3
+from . import families
 from .errors import VkspecError
 from .formats import ggml
 from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
@@ -143,8 +143,8 @@ class GgufFile:
     # --- tokenizer ----------------------------------------------------------------------
     def tokenizer(self):
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-        if self.arch == family_gemma3.GGUF_ARCH and self.meta("tokenizer.ggml.model") == "llama":
-            return family_gemma3.tokenizer(self.meta, self.path)
+        if self.family.tokenizer is not None and self.meta("tokenizer.ggml.model") == "llama":
+            return self.family.tokenizer(self.meta, self.path)
         if self.meta("tokenizer.ggml.model") != "gpt2":
             raise VkspecError(f"{self.path}: tokenizer model {self.meta('tokenizer.ggml.model')!r} "
                               "is not supported (gpt2 byte-level BPE)")
