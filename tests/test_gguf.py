@@ -173,3 +173,41 @@ def test_f16_and_f32_tensors_load_exactly(tmp_path):
                                                        gguf.GGMLQuantizationType.Q8_0).reshape(2, 64))
     with pytest.raises(VkspecError, match=r"has shape \(6, 8\), expected \(8, 6\)"):
         f.matrix("model.layers.0.self_attn.v_proj.weight", (8, 6))
+
+
+_MAPPED_KB = """
+import sys
+from vkspec.gguf_file import open_gguf
+from vkspec.plan import plan
+from vkspec.tokenizer import load_tokenizer
+path = sys.argv[1]
+
+def mapped_kb():
+    kb, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:       # a mapping's first line
+            inside = line.rstrip().endswith(path)
+        elif inside and head[0] == "Rss:":
+            kb += int(head[1])
+    return kb
+
+plan(path, ctx=64)
+print(mapped_kb())
+f = open_gguf(path)
+tokens = list(f.meta("tokenizer.ggml.tokens"))
+load_tokenizer(path)
+print("tokenizer.ggml.tokens" in f.g.metadata, list(f.meta("tokenizer.ggml.tokens")) == tokens)
+"""
+
+
+def test_the_plan_reads_no_weight_bytes_and_the_vocabulary_goes_once_the_tokenizer_is_built(gguf_path):
+    """Planning (the device allocation run without a device) must not page
+    the file's weights into the process: it once read every block; and the
+    token arrays leave the metadata after the tokenizer, read again on ask."""
+    res = subprocess.run([sys.executable, "-c", _MAPPED_KB, str(gguf_path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    kb, vocab = res.stdout.split("\n", 1)
+    file_kb = gguf_path.stat().st_size >> 10      # header, norms and the pages the kernel maps around them
+    assert int(kb) < file_kb // 10, f"the plan paged {kb} kB of the {file_kb} kB file in"
+    assert vocab.split() == ["False", "True"]

@@ -18,6 +18,7 @@ weights kept in their blocks.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,8 @@ def is_gguf(path) -> bool:
 
 
 _OPEN: dict = {}
+_VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+               "tokenizer.ggml.token_type")
 
 
 def open_gguf(path) -> "GgufFile":
@@ -56,13 +59,30 @@ class GgufFile:
         self.dir = self.path
         self.g = read_gguf(self.path)
         self.tensors = self.g.tensors
+        self._let_go: set[str] = set()
+        self._config: dict | None = None
         self.arch = self.meta("general.architecture")
         self.family = families.gguf_arch(self.arch, self.path)
         blocks = self.meta(f"{self.arch}.block_count")
         self.n_trunk = int(blocks or 0) - int(self.meta(f"{self.arch}.nextn_predict_layers", 0) or 0)
 
     def meta(self, key, default=None):
+        if key in self._let_go:             # rare: read the header again
+            return read_gguf(self.path).metadata.get(key, default)
         return self.g.metadata.get(key, default)
+
+    def let_go_vocabulary(self):
+        """The token and merge arrays (Gemma 3: 262k strings, ~28 MB of
+        Python objects) are needed only to build the tokenizer: once it is
+        built the process lets them go, and a later ask reads them again.
+        The config, which counts the tokens, is made first."""
+        try:
+            self.config_dict()
+        except VkspecError:
+            return                          # its error comes where a config is asked for
+        for key in _VOCABULARY:
+            if self.g.metadata.pop(key, None) is not None:
+                self._let_go.add(key)
 
     def file_bytes(self) -> int:
         return self.g.file_size
@@ -76,7 +96,10 @@ class GgufFile:
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:
-        return families.gguf_config(self.family, self.arch, self.meta, self.tensors, self.path)
+        """Made once per process (a copy each time: callers may edit theirs)."""
+        if self._config is None:
+            self._config = families.gguf_config(self.family, self.arch, self.meta, self.tensors, self.path)
+        return copy.deepcopy(self._config)
 
     # --- tensors ------------------------------------------------------------------------
     def _where(self, name: str) -> tuple[str, int | None]:

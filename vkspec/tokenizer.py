@@ -42,6 +42,7 @@ def load_tokenizer(model_dir) -> Tok:
     if is_gguf(model_dir):
         f = open_gguf(model_dir)
         tok = Tok(f.tokenizer(), f.bos_to_add())
+        f.let_go_vocabulary()
         pages.trim_heap()
         return tok
     path = Path(model_dir) / "tokenizer.json"

@@ -9,7 +9,7 @@ Terms:
 * **region**: the recurrent state (conv ring, DeltaNet state) of every layer
   is a buffer of R >= 2 regions (see state.py); ``regions`` sizes them.
 * **scratch**: the activations of a block of up to MAX_ROWS rows.
-* **outputs**: the logits and device picks of each (pass, rows) shape.
+* **outputs**: the logits and device picks of the trunk (one pair for every row count) and of the head.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class Layout:
         self.n_moe = max(1, sum(h.moe for h in self.host))
 
     def output_shapes(self):
-        return [("main", r) for r in range(1, MAX_ROWS + 1)] + ([("mtp", 1)] if self.mtp else [])
+        return [("main", MAX_ROWS)] + ([("mtp", 1)] if self.mtp else [])
 
     def scratch_words(self) -> dict[str, int]:
         d, R = self.dims, MAX_ROWS
@@ -296,8 +296,13 @@ class Layout:
         return b
 
     def outputs(self, up: Uploader, b: Buffers, kind: str, rows: int):
-        """The (logits, picks) tensors of a pass of `rows` rows, made on first
-        use beyond the planned shapes (the head's whole-block passes: tests)."""
+        """The (logits, picks) tensors of a pass of `rows` rows. Every trunk
+        pass shares one pair of MAX_ROWS rows (a pass's rows are copied out
+        before the next pass runs; one pair per row count cost 4.5x the
+        memory, and a host-visible buffer counts twice where device memory is
+        host memory). The head's are made on first use beyond the planned
+        shapes (its whole-block passes: tests)."""
+        rows = MAX_ROWS if kind == "main" else rows
         if (kind, rows) not in b.outputs:
             V = self.dims.V
             b.outputs[kind, rows] = (up.zeros(f"outputs:{kind}{rows}.logits", rows * V, np.float32, "device"),

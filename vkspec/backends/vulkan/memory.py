@@ -263,13 +263,12 @@ class Uploader:
         else:
             data, w_off = self._made(name, words, lambda: self.dev.storage(words, np.uint32), report=False), 0
         stream = Stream(self, data, w_off)
-        for p in pieces:
-            chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
-            for r0 in range(0, p.rows, chunk):
-                r1 = min(p.rows, r0 + chunk)
-                stream.add(p.data[p.stored(slice(r0, r1))].reshape(-1))
-        stream.close()
-        if self.dev is not None:
+        if self.dev is not None:           # a dry run (the plan) reads no byte of the file
+            for p in pieces:
+                chunk = max(1, staging_bytes() // max(p.row_bytes, 1))
+                for r0 in range(0, p.rows, chunk):
+                    stream.add(p.rows_of(r0, min(p.rows, r0 + chunk)).data.reshape(-1))
+            stream.close()
             for p in pieces:               # on the device now: the file's pages can go
                 pages.drop(p.data)
         self._report(self.made[name])
