@@ -327,6 +327,26 @@ def test_compiled_row_reductions_are_the_numpy_definition(k):
         bits_equal(cpu_jit_math.softmax(s), exact.softmax(s))
 
 
+@pytest.mark.parametrize("rd,hd", [(64, 64), (32, 64), (0, 16), (2, 2)])
+def test_compiled_rope_is_the_numpy_definition(rd, hd, monkeypatch):
+    """ops.rope's compiled path (jit_math.rope) against its NumPy lines, with
+    infinities, NaN and signed zeros among the features, and the cache write."""
+    rng = np.random.default_rng(rd + hd)
+    x = (rng.standard_normal((3, 4, hd)) * 5).astype(np.float32)
+    x.reshape(-1)[::7] = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 3e38], np.float32)[
+        np.arange(len(x.reshape(-1)[::7])) % 6]
+    cos, sin = (rng.standard_normal((3, rd)).astype(np.float32) for _ in range(2))
+    pos = np.array([5, 1, 7])
+    caches = []
+    for enabled in (True, False):
+        monkeypatch.setattr(cpu_jit, "ENABLED", enabled)
+        cache = np.full((8, 4, hd), np.float32(-1.0))
+        with np.errstate(all="ignore"):
+            caches.append((cpu_ops.rope(x, cos, sin), cpu_ops.rope(x, cos, sin, cache=cache, pos=pos), cache))
+    for got, want in zip(*caches):
+        bits_equal(got, want)
+
+
 def test_compiled_math_has_no_fused_multiply_add():
     asm = cpu_jit_math.machine_code()
     assert "mulss" in asm or "mulps" in asm
@@ -367,13 +387,24 @@ for k in (4, 124, 128, 132, 576, 1000):
     for n in range(1, 13):
         if jit.gemv(w, x[:n]).tobytes() != exact.gemv(w, x[:n]).tobytes():
             bad.append(("f32", k, n))
-for fmt in ("q4_k", "int8"):
-    w = random_weight(fmt, 40, 512, rng)
-    x = rng.standard_normal((9, 512)).astype(np.float32)
+for fmt in ("q4_k", "int8", "q4_0", "q4_1", "q8_0"):
+    cols = 512 if fmt == "q4_k" else 544             # 17 blocks of 32: a partial last step of 4
+    w = random_weight(fmt, 40, cols, rng)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
     from vkspec.formats.matrix import dequantize
-    for n in (1, 5, 9):
+    for n in range(1, 10):                           # the fused kernels' 1..8 rows, and the buffer path
         if jit_blocks.gemv(w, x[:n]).tobytes() != exact.gemv(dequantize(w), x[:n]).tobytes():
             bad.append((fmt, n))
+sys.path.insert(0, sys.argv[1])
+from test_formats import weights                     # edge blocks: subnormal, inf and NaN scales
+from vkspec.selftest import same_bits                # (NaN payloads are outside the contract)
+for fmt in ("q4_0", "q4_1", "q8_0", "q4_k"):
+    w = weights(fmt, rng)[-1]
+    x = rng.standard_normal((9, w.cols)).astype(np.float32)
+    for n in range(1, 10):
+        with np.errstate(all="ignore"):
+            if not same_bits(jit_blocks.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n])):
+                bad.append((fmt, "edge", n))
 asm = jit_blocks.machine_code()
 print(json.dumps({"isa": jit_dot.ISA, "bad": bad, "asm": asm}))
 """
@@ -387,12 +418,14 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
     on any x86-64: a wider vector than the host has is split by LLVM.)"""
     import json
     env = dict(os.environ, VKSPEC_CPU_ISA=isa, NUMBA_CACHE_DIR=str(tmp_path))
-    res = subprocess.run([sys.executable, "-c", ISA_CHECK], env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, "-c", ISA_CHECK, os.path.dirname(__file__)], env=env, capture_output=True,
+                         text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["isa"] == isa and got["bad"] == []
     asm = got["asm"]
     assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
+    assert "vkspec_gemv1_q4_1:" in asm                # the fused block GEMV is read too
     for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
         assert family not in asm, family
 

@@ -337,7 +337,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
                        help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
     backend = parser()
     backend.add_argument("--backend", choices=["cpu", "vulkan"], default="cpu")
-    backend.add_argument("--ctx", type=int, default=None, help="context length (default: the model's, at most 4096)")
+    backend.add_argument("--ctx", type=int, default=None,
+                         help="context length (default: run sizes it to the prompt and -n; otherwise the "
+                              "model's, at most 4096)")
     backend.add_argument("--fallback", choices=["cpu"], default=None,
                          help="when the device fails (at start-up or mid-run), continue on the CPU with the "
                               "same bits (default: stop with the output so far)")

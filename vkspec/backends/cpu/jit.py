@@ -126,6 +126,14 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _rows_f32(a: np.ndarray) -> np.ndarray:
+    """a itself when it is float32 with contiguous rows (a strided view of the
+    KV cache seen per head), else a contiguous copy."""
+    if a.dtype == np.float32 and a.strides[-1] == 4 and all(st % 4 == 0 for st in a.strides):
+        return a
+    return _f32(a)
+
+
 def gemv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """exact.gemv(w, x): w (M, >= K) zero-padded past K, x (n, K) -> (n, M)."""
     assert w.shape[-1] >= x.shape[-1]
@@ -135,21 +143,23 @@ def gemv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def gemv_batched(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """(B, M, >= K), (B, n, K) -> (B, n, M): exact.gemv(w[i], x[i]) for each i."""
+    """(B, M, >= K), (B, n, K) -> (B, n, M): exact.gemv(w[i], x[i]) for each i.
+    w may be a strided view whose rows are contiguous (the KV cache seen per
+    head): the kernel reads it in place instead of copying it every step."""
     assert w.shape[-1] >= x.shape[-1]
     out = np.empty((w.shape[0], x.shape[1], w.shape[1]), dtype=np.float32)
-    _gemv(_f32(w), _f32(x), out)
+    _gemv(_rows_f32(w), _f32(x), out)
     return out
 
 
 def weighted_rows(p: np.ndarray, v: np.ndarray, lens, starts=None) -> np.ndarray:
     """(B, n, L), (B, L, D), lens (n,) -> (B, n, D): row r is
     exact.dot(p[i, r, :lens[r]], v[i, :lens[r]].T), the attention's output
-    (terms before starts[r] left out)."""
+    (terms before starts[r] left out); v read in place as gemv_batched's w."""
     out = np.empty((p.shape[0], p.shape[1], v.shape[2]), dtype=np.float32)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     starts = np.zeros_like(lens) if starts is None else np.ascontiguousarray(starts, dtype=np.int64)
-    _weighted_rows(_f32(p), _f32(v), lens, starts, out)
+    _weighted_rows(_f32(p), _rows_f32(v), lens, starts, out)
     return out
 
 

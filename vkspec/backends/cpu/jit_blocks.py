@@ -22,12 +22,10 @@ from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import MAX_ROWS, dot_rows
-from .jit_unpack import Q4_0, Q4_1, Q4_K, Q8_0, unpack
+from .jit_ir_blocks import CODES
+from .jit_unpack import FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, unpack
 
 F = np.float32
-CODES = {name: i for i, name in enumerate(
-    ("f32", "f16", "bf16", "int8", "int4-g64", "fp8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
-     "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))}
 BLOCK = 16                  # weight rows per parallel work item
 _TWO_M24 = F(2.0 ** -24)
 _JIT = dict(boundscheck=False, error_model="numpy", cache=True)
@@ -258,9 +256,26 @@ def _gemv(code, data, scales, x, out):
     rows, n, cols = data.shape[0], x.shape[0], x.shape[1]
     blocks = (rows + BLOCK - 1) // BLOCK
     for b in prange(blocks):
+        lo, hi = b * BLOCK, min(rows, b * BLOCK + BLOCK)
+        if n <= FUSED_ROWS and (6 <= code <= 10 or code == 13 or code == 15):   # no buffer (jit_ir_blocks)
+            if code == 6:
+                gemv_fused(6, data, lo, hi, x, 0, n, out)
+            elif code == 7:
+                gemv_fused(7, data, lo, hi, x, 0, n, out)
+            elif code == 8:
+                gemv_fused(8, data, lo, hi, x, 0, n, out)
+            elif code == 9:
+                gemv_fused(9, data, lo, hi, x, 0, n, out)
+            elif code == 10:
+                gemv_fused(10, data, lo, hi, x, 0, n, out)
+            elif code == 13:
+                gemv_fused(13, data, lo, hi, x, 0, n, out)
+            else:
+                gemv_fused(15, data, lo, hi, x, 0, n, out)
+            continue
         buf = np.empty(cols, F)
         got = np.empty(MAX_ROWS, F)
-        for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
+        for m in range(lo, hi):
             decode_row(code, data[m], scales[m], cols, buf)
             r = 0
             while r < n:

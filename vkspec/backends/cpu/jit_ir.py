@@ -100,42 +100,50 @@ def _ir(rows: int, isa: str = ISA) -> str:
                       f"  store {T} %g{r}.{g}, ptr %bp{r}.{g}, align 4"]
         L.append(f"  br label %{'loop' + str(p + 1) if p + 1 < P else 'finish'}")
     L.append("finish:")
-    F = f"<{FIN} x float>"
-    even, odd = _consts(range(0, 2 * FIN, 2)), _consts(range(1, 2 * FIN, 2))
     for r in R:
-        cur = []
-        for j in range(128 // FIN):
-            L += [f"  %fp{r}.{j} = getelementptr float, ptr %buf, i64 {r * 128 + FIN * j}",
-                  f"  %f{r}.{j} = load {F}, ptr %fp{r}.{j}, align 4"]
-            cur.append(f"%f{r}.{j}")
-        for level in range(2):          # a[2i] + a[2i+1], twice: 128 -> 64 -> 32
-            nxt = []
-            for j in range(len(cur) // 2):
-                e, o, q = (f"%{t}{r}.{level}.{j}" for t in "eoq")
-                L += [f"  {e} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {even}",
-                      f"  {o} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {odd}",
-                      f"  {q} = fadd {F} {e}, {o}"]
-                nxt.append(q)
-            cur = nxt
-        L.append(f"  %s{r}.{FIN} = fadd {F} {cur[0]}, {cur[1]}")   # s[i] + s[i + 16]
-        width = FIN
-        while width > 1:
-            h = width // 2
-            src = f"<{width} x float> %s{r}.{width}, <{width} x float> poison"
-            L += [f"  %lo{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h))}",
-                  f"  %hi{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h, width))}",
-                  f"  %s{r}.{h} = fadd <{h} x float> %lo{r}.{h}, %hi{r}.{h}"]
-            width = h
-        L += [f"  %v{r} = extractelement <1 x float> %s{r}.1, i64 0",
-              f"  %op{r} = getelementptr float, ptr %out, i64 {r}",
-              f"  store float %v{r}, ptr %op{r}, align 4"]
+        L += finish(r, f"{r * 128}", f"{r}")
     L += ["  ret void", "}", f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {T})"]
     return "\n".join(L)
 
 
 
+def finish(r, at: str, index: str) -> list[str]:
+    """exact._finish of the 128 lanes parked at %buf[at:], stored to
+    %out[index]: (a[4l] + a[4l+1]) + (a[4l+2] + a[4l+3]), then the lane tree."""
+    L, F = [], f"<{FIN} x float>"
+    even, odd = _consts(range(0, 2 * FIN, 2)), _consts(range(1, 2 * FIN, 2))
+    cur = []
+    for j in range(128 // FIN):
+        L += [f"  %fo{r}.{j} = add i64 {at}, {FIN * j}",
+              f"  %fp{r}.{j} = getelementptr float, ptr %buf, i64 %fo{r}.{j}",
+              f"  %f{r}.{j} = load {F}, ptr %fp{r}.{j}, align 4"]
+        cur.append(f"%f{r}.{j}")
+    for level in range(2):          # a[2i] + a[2i+1], twice: 128 -> 64 -> 32
+        nxt = []
+        for j in range(len(cur) // 2):
+            e, o, q = (f"%{t}{r}.{level}.{j}" for t in "eoq")
+            L += [f"  {e} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {even}",
+                  f"  {o} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <{FIN} x i32> {odd}",
+                  f"  {q} = fadd {F} {e}, {o}"]
+            nxt.append(q)
+        cur = nxt
+    L.append(f"  %s{r}.{FIN} = fadd {F} {cur[0]}, {cur[1]}")   # s[i] + s[i + 16]
+    width = FIN
+    while width > 1:
+        h = width // 2
+        src = f"<{width} x float> %s{r}.{width}, <{width} x float> poison"
+        L += [f"  %lo{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h))}",
+              f"  %hi{r}.{h} = shufflevector {src}, <{h} x i32> {_consts(range(h, width))}",
+              f"  %s{r}.{h} = fadd <{h} x float> %lo{r}.{h}, %hi{r}.{h}"]
+        width = h
+    return L + [f"  %v{r} = extractelement <1 x float> %s{r}.1, i64 0",
+                f"  %op{r} = getelementptr float, ptr %out, i64 {index}",
+                f"  store float %v{r}, ptr %op{r}, align 4"]
+
+
 def ir_digest(isa: str = ISA) -> str:
-    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir()
+    from .jit_ir_blocks import blocks_ir
+    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

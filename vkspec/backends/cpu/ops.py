@@ -120,11 +120,14 @@ def rope(x, cos, sin, cache=None, pos=None) -> np.ndarray:
     x (n, heads, hd); cos, sin (n, rotary_dim), rotary_dim 0 for none. With a
     cache (the cache variant) row r is written to cache[pos[r]] (the KV store)."""
     rd = cos.shape[-1]
-    rot = x[..., :rd]
-    half = rd // 2
-    rh = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
-    out = x.copy()
-    out[..., :rd] = rot * cos[:, None, :] + rh * sin[:, None, :]
+    if jit.enabled():
+        out = jit_math.rope(x, cos, sin)
+    else:
+        rot = x[..., :rd]
+        half = rd // 2
+        rh = np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)
+        out = x.copy()
+        out[..., :rd] = rot * cos[:, None, :] + rh * sin[:, None, :]
     if cache is not None:
         cache[pos] = out
     return out

@@ -1,0 +1,306 @@
+"""LLVM IR for the GEMV over GGUF blocks, generated for an ISA:
+vkspec_gemv<n>_<fmt>, n <= fused_rows() input rows against every weight row,
+with the weight values never written anywhere (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q6_K: what SmolLM2, Llama and Gemma GGUFs hold).
+
+Why: decoding a row into a buffer and then dotting the buffer made the CPU
+path read its weights at ~2.5 GB/s in plain decoding. Here each 32 values go
+from their bytes into vector registers and straight onto the lanes of every
+input row, and a whole block's f16 scales widen in one vector instruction.
+
+Why it is exact: the values are formats/ggml.py's formulas (one fmul, then
+one fadd/fsub for a min; no fast-math flags, so never fused) with the same
+operands in the same order, and the f16 widening is exact (below). The dot
+is exact.dot's: 32 values at column 32 b are lanes 32 (b % 4) .. + 31 of the
+128, each lane adds x * w in column order from +0, then jit_ir.finish's tree.
+The lanes may be visited in passes (AVX2 and plain have too few registers
+for 128 lanes of several rows): pass p takes the 32-value groups whose
+b % 4 it owns, in column order, so no group is decoded twice. A last step
+with fewer than 4 groups (32-value formats) leaves the missing lanes alone,
+the same as adding the definition's +0 padding (no lane is ever -0).
+
+f16: with F16C (AVX2, AVX-512) ``fpext half`` is exact except that it quiets
+a signalling NaN, so an f16 with exponent 31 takes the bits
+formats.ggml.f16_bits_to_f32 gives (sign | 0x7F800000 | man << 13); on the
+plain ISA the whole widening is integer operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, finish
+
+
+@dataclass(frozen=True)
+class Fmt:
+    bytes: int                  # of a block
+    values: int                 # of a block: 32, or 256 (8 groups of 32)
+    f16: tuple[str, ...]        # the block's f16 fields at bytes 0, 2: d, and the min
+
+
+# every weight format's number in the compiled kernels (jit_blocks.decode_row)
+CODES = {name: i for i, name in enumerate(
+    ("f32", "f16", "bf16", "int8", "int4-g64", "fp8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+     "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))}
+
+FORMATS = {"q4_0": Fmt(18, 32, ("d",)), "q4_1": Fmt(20, 32, ("d", "m")), "q5_0": Fmt(22, 32, ("d",)),
+           "q5_1": Fmt(24, 32, ("d", "m")), "q8_0": Fmt(34, 32, ("d",)),
+           "q4_k": Fmt(144, 256, ("d", "m")), "q6_k": Fmt(210, 256, ())}
+_Q6_D = 208                     # Q6_K keeps its f16 last
+
+
+def _f16_ir(isa: str) -> list[str]:
+    L = ["define internal float @vkspec_f16(ptr %p) alwaysinline {", "entry:",
+         "  %h16 = load i16, ptr %p, align 1", "  %h = zext i16 %h16 to i32",
+         "  %sg = and i32 %h, 32768", "  %sign = shl i32 %sg, 16", "  %man = and i32 %h, 1023",
+         "  %m13 = shl i32 %man, 13", "  %inf0 = or i32 %sign, 2139095040", "  %inf = or i32 %inf0, %m13",
+         "  %em = and i32 %h, 31744", "  %isi = icmp eq i32 %em, 31744"]
+    if isa == "plain":
+        L += ["  %e = lshr i32 %em, 10", "  %mf = uitofp i32 %man to float",
+              "  %sub = fmul float %mf, 0x3E70000000000000",         # man * 2^-24: exact
+              "  %subb = bitcast float %sub to i32", "  %subs = or i32 %subb, %sign",
+              "  %e112 = add i32 %e, 112", "  %eb = shl i32 %e112, 23", "  %n0 = or i32 %sign, %eb",
+              "  %nrm = or i32 %n0, %m13", "  %isz = icmp eq i32 %e, 0",
+              "  %fin = select i1 %isz, i32 %subs, i32 %nrm"]
+    else:
+        L += ["  %hf = bitcast i16 %h16 to half", "  %cv = fpext half %hf to float",
+              "  %fin = bitcast float %cv to i32"]
+    return L + ["  %r = select i1 %isi, i32 %inf, i32 %fin", "  %f = bitcast i32 %r to float",
+                "  ret float %f", "}"]
+
+
+def _halves(g: str, fields: list[tuple[str, str]], isa: str) -> list[str]:
+    """Float %{name} for each (name, byte pointer) f16 field, all widened at once."""
+    if isa == "plain" or len(fields) == 1:
+        return [f"  %{n} = call float @vkspec_f16(ptr {p})" for n, p in fields]
+    N = 1 << (len(fields) - 1).bit_length()
+    L, prev = [], "poison"
+    for k, (n, p) in enumerate(fields):
+        L += [f"  %h{n} = load i16, ptr {p}, align 1",
+              f"  %hv{g}.{k} = insertelement <{N} x i16> {prev}, i16 %h{n}, i64 {k}"]
+        prev = f"%hv{g}.{k}"
+    I, c = f"<{N} x i32>", lambda v: _consts([v] * N)
+    L += [f"  %hh{g} = bitcast <{N} x i16> {prev} to <{N} x half>",
+          f"  %cv{g} = fpext <{N} x half> %hh{g} to <{N} x float>", f"  %cvb{g} = bitcast <{N} x float> %cv{g} to {I}",
+          f"  %hw{g} = zext <{N} x i16> {prev} to {I}", f"  %sg{g} = and {I} %hw{g}, {c(32768)}",
+          f"  %sgn{g} = shl {I} %sg{g}, {c(16)}", f"  %man{g} = and {I} %hw{g}, {c(1023)}",
+          f"  %m13{g} = shl {I} %man{g}, {c(13)}", f"  %inf0{g} = or {I} %sgn{g}, {c(2139095040)}",
+          f"  %inf{g} = or {I} %inf0{g}, %m13{g}", f"  %em{g} = and {I} %hw{g}, {c(31744)}",
+          f"  %isi{g} = icmp eq {I} %em{g}, {c(31744)}",
+          f"  %rb{g} = select <{N} x i1> %isi{g}, {I} %inf{g}, {I} %cvb{g}",
+          f"  %rf{g} = bitcast {I} %rb{g} to <{N} x float>"]
+    return L + [f"  %{n} = extractelement <{N} x float> %rf{g}, i64 {k}" for k, (n, _) in enumerate(fields)]
+
+
+def _splat(name: str, value: str) -> list[str]:
+    return [f"  %{name}1 = insertelement <32 x float> poison, float {value}, i64 0",
+            f"  %{name} = shufflevector <32 x float> %{name}1, <32 x float> poison, <32 x i32> zeroinitializer"]
+
+
+def _byte(name: str, base: str, at: int) -> list[str]:
+    """%{name}: the byte at base + at as an i32."""
+    return [f"  %{name}p = getelementptr i8, ptr {base}, i64 {at}", f"  %{name}b = load i8, ptr %{name}p, align 1",
+            f"  %{name} = zext i8 %{name}b to i32"]
+
+
+def _nibbles(t: str, at: str) -> list[str]:
+    """%q{t} <32 x i32>: the low nibbles of 16 bytes, then their high nibbles."""
+    return [f"  %v{t} = load <16 x i8>, ptr {at}, align 1",
+            f"  %lo{t} = and <16 x i8> %v{t}, {_consts([15] * 16, 'i8')}",
+            f"  %hi{t} = lshr <16 x i8> %v{t}, {_consts([4] * 16, 'i8')}",
+            f"  %qb{t} = shufflevector <16 x i8> %lo{t}, <16 x i8> %hi{t}, <32 x i32> {_consts(range(32))}",
+            f"  %q{t} = zext <32 x i8> %qb{t} to <32 x i32>"]
+
+
+def _group(fmt: str, t: str, unit: str, j: int) -> list[str]:
+    """%w{t} <32 x float>: the values of 32-value group j of the unit at byte
+    pointer `unit` (block j of four, or group j of a K-quant block), whose
+    f16 fields _unit_scales has widened."""
+    f = FORMATS[fmt]
+    if f.values == 32:
+        at, d = f"%at{t}", f"%{t}.d"
+        L = [f"  {at} = getelementptr i8, ptr {unit}, i64 {j * f.bytes}"] + _splat(f"ds{t}", f"{d}")
+        if fmt == "q8_0":                                               # q * d
+            return L + [f"  %qp{t} = getelementptr i8, ptr {at}, i64 2", f"  %v{t} = load <32 x i8>, ptr %qp{t}, align 1",
+                        f"  %qf{t} = sitofp <32 x i8> %v{t} to <32 x float>",
+                        f"  %w{t} = fmul <32 x float> %qf{t}, %ds{t}"]
+        qs = {"q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[fmt]
+        L += [f"  %qp{t} = getelementptr i8, ptr {at}, i64 {qs}"] + _nibbles(t, f"%qp{t}")
+        q = f"%q{t}"
+        if fmt in ("q5_0", "q5_1"):                                     # bit j of qh is value j's fifth
+            L += [f"  %hp{t} = getelementptr i8, ptr {at}, i64 {qs - 4}", f"  %h{t} = load i32, ptr %hp{t}, align 1",
+                  f"  %h1{t} = insertelement <32 x i32> poison, i32 %h{t}, i64 0",
+                  f"  %hs{t} = shufflevector <32 x i32> %h1{t}, <32 x i32> poison, <32 x i32> zeroinitializer",
+                  f"  %hb{t} = lshr <32 x i32> %hs{t}, {_consts(range(32))}",
+                  f"  %h5{t} = and <32 x i32> %hb{t}, {_consts([1] * 32)}",
+                  f"  %h4{t} = shl <32 x i32> %h5{t}, {_consts([4] * 32)}", f"  %q5{t} = or <32 x i32> %q{t}, %h4{t}"]
+            q = f"%q5{t}"
+        if fmt in ("q4_0", "q5_0"):                                     # d * (q - 8 or 16)
+            return L + [f"  %qs{t} = sub <32 x i32> {q}, {_consts([8 if fmt == 'q4_0' else 16] * 32)}",
+                        f"  %qf{t} = sitofp <32 x i32> %qs{t} to <32 x float>",
+                        f"  %w{t} = fmul <32 x float> %ds{t}, %qf{t}"]
+        return L + _splat(f"ms{t}", f"%{t}.m") + [                       # d * q + m
+            f"  %qf{t} = uitofp <32 x i32> {q} to <32 x float>", f"  %pr{t} = fmul <32 x float> %ds{t}, %qf{t}",
+            f"  %w{t} = fadd <32 x float> %pr{t}, %ms{t}"]
+    u = unit[1:]
+    if fmt == "q4_k":             # (d * sc) * q - (dmin * mn), 6-bit (sc, mn) pairs packed in 12 bytes
+        if j < 4:
+            L = _byte(f"sa{t}", unit, 4 + j) + _byte(f"ma{t}", unit, 8 + j)
+            L += [f"  %sc{t} = and i32 %sa{t}, 63", f"  %mn{t} = and i32 %ma{t}, 63"]
+        else:
+            L = _byte(f"sa{t}", unit, 8 + j) + _byte(f"sb{t}", unit, j) + _byte(f"mb{t}", unit, 4 + j)
+            L += [f"  %sl{t} = and i32 %sa{t}, 15", f"  %sh{t} = lshr i32 %sb{t}, 6", f"  %sh4{t} = shl i32 %sh{t}, 4",
+                  f"  %sc{t} = or i32 %sl{t}, %sh4{t}", f"  %ml{t} = lshr i32 %sa{t}, 4",
+                  f"  %mh{t} = lshr i32 %mb{t}, 6", f"  %mh4{t} = shl i32 %mh{t}, 4", f"  %mn{t} = or i32 %ml{t}, %mh4{t}"]
+        L += [f"  %scf{t} = uitofp i32 %sc{t} to float", f"  %mnf{t} = uitofp i32 %mn{t} to float",
+              f"  %dsc{t} = fmul float %{u}.d, %scf{t}", f"  %dmn{t} = fmul float %{u}.m, %mnf{t}"]
+        L += _splat(f"ds{t}", f"%dsc{t}") + _splat(f"ms{t}", f"%dmn{t}")
+        return L + [f"  %qp{t} = getelementptr i8, ptr {unit}, i64 {16 + 32 * (j // 2)}",
+                    f"  %v{t} = load <32 x i8>, ptr %qp{t}, align 1",
+                    f"  %s{t} = lshr <32 x i8> %v{t}, {_consts([4 * (j % 2)] * 32, 'i8')}",
+                    f"  %q{t} = and <32 x i8> %s{t}, {_consts([15] * 32, 'i8')}",
+                    f"  %qf{t} = uitofp <32 x i8> %q{t} to <32 x float>", f"  %pr{t} = fmul <32 x float> %ds{t}, %qf{t}",
+                    f"  %w{t} = fsub <32 x float> %pr{t}, %ms{t}"]
+    half, k = j // 4, j % 4        # q6_k: (d * sc) * (q - 32), an int8 scale per 16 values
+    L = []
+    for g in range(2):
+        L += _byte(f"c{g}{t}", unit, 192 + 8 * half + 2 * k + g)
+        L += [f"  %c{g}s{t} = trunc i32 %c{g}{t} to i8", f"  %c{g}f{t} = sitofp i8 %c{g}s{t} to float",
+              f"  %dl{g}{t} = fmul float %{u}.d, %c{g}f{t}"] + _splat(f"dl{g}s{t}", f"%dl{g}{t}")
+    L += [f"  %ds{t} = shufflevector <32 x float> %dl0s{t}, <32 x float> %dl1s{t}, "
+          f"<32 x i32> {_consts([0] * 16 + [32] * 16)}",
+          f"  %lp{t} = getelementptr i8, ptr {unit}, i64 {64 * half + 32 * (k % 2)}",
+          f"  %hp{t} = getelementptr i8, ptr {unit}, i64 {128 + 32 * half}",
+          f"  %lv{t} = load <32 x i8>, ptr %lp{t}, align 1", f"  %hv{t} = load <32 x i8>, ptr %hp{t}, align 1",
+          f"  %ls{t} = lshr <32 x i8> %lv{t}, {_consts([4 * (k // 2)] * 32, 'i8')}",
+          f"  %lq{t} = and <32 x i8> %ls{t}, {_consts([15] * 32, 'i8')}",
+          f"  %hs{t} = lshr <32 x i8> %hv{t}, {_consts([2 * k] * 32, 'i8')}",
+          f"  %hq{t} = and <32 x i8> %hs{t}, {_consts([3] * 32, 'i8')}",
+          f"  %h4{t} = shl <32 x i8> %hq{t}, {_consts([4] * 32, 'i8')}", f"  %qb{t} = or <32 x i8> %lq{t}, %h4{t}",
+          f"  %q{t} = zext <32 x i8> %qb{t} to <32 x i32>", f"  %qs{t} = sub <32 x i32> %q{t}, {_consts([32] * 32)}",
+          f"  %qf{t} = sitofp <32 x i32> %qs{t} to <32 x float>", f"  %w{t} = fmul <32 x float> %ds{t}, %qf{t}"]
+    return L
+
+
+def _unit_scales(fmt: str, g: str, unit: str, groups: list[tuple[str, int]], isa: str) -> list[str]:
+    """The f16 fields the groups [(t, j)] of a unit read: %{t}.d (.m) per
+    block of a 32-value format, %{unit}.d (.m) of a K-quant block."""
+    f = FORMATS[fmt]
+    if f.values == 32:
+        fields = [(f"{t}.{s}", f"%{t}.{s}p") for t, _ in groups for s in f.f16]
+        L = [f"  %{t}.{s}p = getelementptr i8, ptr {unit}, i64 {j * f.bytes + 2 * i}"
+             for t, j in groups for i, s in enumerate(f.f16)]
+        return L + _halves(g, fields, isa)
+    u = unit[1:]
+    names = f.f16 if fmt == "q4_k" else ("d",)
+    offsets = (0, 2) if fmt == "q4_k" else (_Q6_D,)
+    L = [f"  %{u}.{s}p = getelementptr i8, ptr {unit}, i64 {o}" for s, o in zip(names, offsets)]
+    return L + _halves(g, [(f"{u}.{s}", f"%{u}.{s}p") for s in names], isa)
+
+
+def fused_passes(n: int, isa: str = ISA) -> int:
+    """Lane passes of an n-row block GEMV: the fewest (1, 2 or 4) whose
+    accumulators fit the ISA's register budget."""
+    V, budget = ISAS[isa]
+    return next((p for p in (1, 2, 4) if n * (32 // V) * (4 // p) <= budget), 4)
+
+
+def fused_rows(isa: str = ISA) -> int:
+    """The most input rows one block GEMV call takes without spilling."""
+    V, budget = ISAS[isa]
+    return max(1, min(MAX_ROWS, budget // (32 // V)))
+
+
+def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
+    """vkspec_gemv<n>_<fmt>(w, row_stride, x, x_stride, out, out_stride, rows, groups):
+    out[r * out_stride + m] = dot(x[r * x_stride:][:32 groups], row m's
+    values) for r < n, m < rows. A loop step is a unit: 4 blocks of 32, or
+    one K-quant block (8 groups, two turns of the lanes)."""
+    f, V, R = FORMATS[fmt], ISAS[isa][0], range(n)
+    P, T, S = fused_passes(n, isa), f"<{V} x float>", 32 // V       # S: vectors per group
+    per = 4 if f.values == 32 else 8                                  # groups per unit
+    ubytes = 4 * f.bytes if f.values == 32 else f.bytes
+    L = [f"define void @vkspec_gemv{n}_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, "
+         "i64 %rows, i64 %ng) {", "entry:", f"  %buf = alloca [{128 * n} x float], align 64",
+         f"  %full = udiv i64 %ng, {per}", f"  %restg = urem i64 %ng, {per}", f"  %tb = mul i64 %full, {ubytes}"]
+    L += [line for r in R for line in (f"  %xr{r} = mul i64 %xs, {r}", f"  %x{r} = getelementptr float, ptr %x, i64 %xr{r}")]
+    L += ["  %norows = icmp eq i64 %rows, 0", "  br i1 %norows, label %done, label %row", "row:",
+          "  %m = phi i64 [0, %entry], [%mn, %finish]", "  %wo = mul i64 %m, %rs",
+          "  %wrow = getelementptr i8, ptr %w, i64 %wo", "  br label %loop0"]
+
+    def accumulate(g, unit, col0, groups, acc, new):
+        """groups [(t, j)] of the unit at `unit` (its first column col0) onto
+        the lanes of j % 4, every row."""
+        out = _unit_scales(fmt, g, unit, groups, isa)
+        for t, j in groups:
+            out += _group(fmt, t, unit, j) + [f"  %xo{t} = add i64 {col0}, {32 * j}"]
+            for i in range(S):
+                out += [f"  %wv{t}.{i} = shufflevector <32 x float> %w{t}, <32 x float> poison, "
+                        f"<{V} x i32> {_consts(range(V * i, V * i + V))}", f"  %xi{t}.{i} = add i64 %xo{t}, {V * i}"]
+                for r in R:
+                    lane = f"{j % 4}.{i}.{r}"
+                    out += [f"  %xp{t}.{i}.{r} = getelementptr float, ptr %x{r}, i64 %xi{t}.{i}",
+                            f"  %xv{t}.{i}.{r} = load {T}, ptr %xp{t}.{i}.{r}, align 4",
+                            f"  %pp{t}.{i}.{r} = fmul {T} %xv{t}.{i}.{r}, %wv{t}.{i}",
+                            f"  {new(t, j, lane)} = fadd {T} {acc(t, j, lane)}, %pp{t}.{i}.{r}"]
+        return out
+
+    for p in range(P):
+        offs = range(p * 4 // P, (p + 1) * 4 // P)                    # lane groups (b % 4) this pass owns
+        mine = [j for j in range(per) if j % 4 in offs]                # in column order
+        lanes = [f"{o}.{i}.{r}" for o in offs for i in range(S) for r in R]
+        prev = "row" if p == 0 else f"park{p - 1}"
+        step_last = {j % 4: j for j in mine}                          # the last group to touch each lane group
+
+        def cur(t, j, lane, p=p):                                       # the lane's value before group j
+            first = min(jj for jj in mine if jj % 4 == j % 4)
+            return f"%a{p}.{lane}" if j == first else f"%s{p}.{j - 4}.{lane}"
+
+        L += [f"loop{p}:", f"  %c{p} = phi i64 [0, %{prev}], [%cn{p}, %step{p}]"]
+        L += [f"  %a{p}.{ln} = phi {T} [zeroinitializer, %{prev}], [%s{p}.{step_last[int(ln.split('.')[0])]}.{ln}, "
+              f"%step{p}]" for ln in lanes]
+        L += [f"  %stop{p} = icmp eq i64 %c{p}, %full", f"  br i1 %stop{p}, label %tail{p}, label %step{p}",
+              f"step{p}:", f"  %ub{p} = mul i64 %c{p}, {ubytes}", f"  %u{p} = getelementptr i8, ptr %wrow, i64 %ub{p}",
+              f"  %col{p} = mul i64 %c{p}, {32 * per}"]
+        L += accumulate(f"s{p}", f"%u{p}", f"%col{p}", [(f"s{p}.{j}", j) for j in mine], cur,
+                        lambda t, j, lane, p=p: f"%s{p}.{j}.{lane}")
+        L += [f"  %cn{p} = add i64 %c{p}, 1", f"  br label %loop{p}", f"tail{p}:"]
+        if f.values == 32:                                             # the last, partial step
+            L += [f"  %tu{p} = getelementptr i8, ptr %wrow, i64 %tb", f"  %tcol{p} = mul i64 %full, 128"]
+            for k, j in enumerate(offs):
+                nxt = f"tail{p}.{offs[k + 1]}" if k + 1 < len(offs) else f"park{p}"
+                here = f"tail{p}" if k == 0 else f"tail{p}.{j}"
+                if k:
+                    L.append(f"{here}:")
+                L += [f"  %live{p}.{j} = icmp ult i64 {j}, %restg",
+                      f"  br i1 %live{p}.{j}, label %do{p}.{j}, label %join{p}.{j}", f"do{p}.{j}:"]
+                L += accumulate(f"t{p}.{j}", f"%tu{p}", f"%tcol{p}", [(f"t{p}.{j}", j)],
+                                lambda t, jj, lane, p=p: f"%a{p}.{lane}", lambda t, jj, lane: f"%n{t}.{lane}")
+                L += [f"  br label %join{p}.{j}", f"join{p}.{j}:"]
+                L += [f"  %g{p}.{j}.{i}.{r} = phi {T} [%a{p}.{j}.{i}.{r}, %{here}], [%nt{p}.{j}.{j}.{i}.{r}, %do{p}.{j}]"
+                      for i in range(S) for r in R]
+                L.append(f"  br label %{nxt}")
+        else:
+            L += [f"  %g{p}.{ln} = bitcast {T} %a{p}.{ln} to {T}" for ln in lanes] + [f"  br label %park{p}"]
+        L.append(f"park{p}:")
+        for o in offs:
+            for i in range(S):
+                for r in R:
+                    L += [f"  %pk{p}.{o}.{i}.{r} = getelementptr float, ptr %buf, i64 {128 * r + 32 * o + V * i}",
+                          f"  store {T} %g{p}.{o}.{i}.{r}, ptr %pk{p}.{o}.{i}.{r}, align 4"]
+        L.append(f"  br label %{'loop' + str(p + 1) if p + 1 < P else 'finish'}")
+    L.append("finish:")
+    for r in R:
+        L += [f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m"]
+        L += finish(r, f"{128 * r}", f"%om{r}")
+    return L + ["  %mn = add i64 %m, 1", "  %last = icmp eq i64 %mn, %rows",
+                "  br i1 %last, label %done, label %row", "done:", "  ret void", "}"]
+
+
+def blocks_ir(isa: str = ISA) -> str:
+    out = _f16_ir(isa)
+    for fmt in FORMATS:
+        for n in range(1, fused_rows(isa) + 1):
+            out += _gemv_ir(fmt, n, isa)
+    return "\n".join(out) + "\n"
