@@ -13,7 +13,8 @@ import os
 import sys
 
 from ...cachedir import cache_root
-from .jit_ir import ISA, ir_digest
+from .jit_ir import ISA
+from .jit_ir_blocks import ir_digest
 
 if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
     os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba" / f"{ISA}-{ir_digest()}")

@@ -5,7 +5,6 @@ imported."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import llvmlite.binding as llvm
@@ -139,12 +138,6 @@ def finish(r, at: str, index: str) -> list[str]:
     return L + [f"  %v{r} = extractelement <1 x float> %s{r}.1, i64 0",
                 f"  %op{r} = getelementptr float, ptr %out, i64 {index}",
                 f"  store float %v{r}, ptr %op{r}, align 4"]
-
-
-def ir_digest(isa: str = ISA) -> str:
-    from .jit_ir_blocks import blocks_ir
-    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa)
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def _splat(name: str, value: str, n: int, ty: str) -> list[str]:

@@ -27,9 +27,10 @@ plain ISA the whole widening is integer operations.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
-from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, finish
+from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, unpack_ir
 
 
 @dataclass(frozen=True)
@@ -304,3 +305,9 @@ def blocks_ir(isa: str = ISA) -> str:
         for n in range(1, fused_rows(isa) + 1):
             out += _gemv_ir(fmt, n, isa)
     return "\n".join(out) + "\n"
+
+
+def ir_digest(isa: str = ISA) -> str:
+    """Names the numba cache folder: every generated IR the kernels link."""
+    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
