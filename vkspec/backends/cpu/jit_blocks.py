@@ -23,7 +23,7 @@ from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import MAX_ROWS, dot_rows
 from .jit_ir_blocks import CODES
-from .jit_unpack import FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, unpack
+from .jit_unpack import FUSED, FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, unpack
 
 F = np.float32
 BLOCK = 16                  # weight rows per parallel work item
@@ -257,21 +257,8 @@ def _gemv(code, data, scales, x, out):
     blocks = (rows + BLOCK - 1) // BLOCK
     for b in prange(blocks):
         lo, hi = b * BLOCK, min(rows, b * BLOCK + BLOCK)
-        if n <= FUSED_ROWS and (6 <= code <= 10 or code == 13 or code == 15):   # no buffer (jit_ir_blocks)
-            if code == 6:
-                gemv_fused(6, data, lo, hi, x, 0, n, out)
-            elif code == 7:
-                gemv_fused(7, data, lo, hi, x, 0, n, out)
-            elif code == 8:
-                gemv_fused(8, data, lo, hi, x, 0, n, out)
-            elif code == 9:
-                gemv_fused(9, data, lo, hi, x, 0, n, out)
-            elif code == 10:
-                gemv_fused(10, data, lo, hi, x, 0, n, out)
-            elif code == 13:
-                gemv_fused(13, data, lo, hi, x, 0, n, out)
-            else:
-                gemv_fused(15, data, lo, hi, x, 0, n, out)
+        if n <= FUSED_ROWS and FUSED[code]:          # decoded onto the lanes, no buffer (jit_ir_blocks)
+            gemv_fused(code, data, lo, hi, x, 0, n, out)
             continue
         buf = np.empty(cols, F)
         got = np.empty(MAX_ROWS, F)

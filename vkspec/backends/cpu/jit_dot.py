@@ -91,6 +91,21 @@ def dot(typingctx, w, x):
     return types.float32(w, x), codegen
 
 
+def call_for_rows(builder, n, most, kernel, args, label):
+    """Calls kernel(rows)(*args) for the run-time row count n in 1..most: each
+    row count is its own generated kernel (its accumulators are registers)."""
+    i64 = ir.IntType(64)
+    done = builder.append_basic_block(f"{label}.done")
+    switch = builder.switch(n, done)
+    for rows in range(1, most + 1):
+        bb = builder.append_basic_block(f"{label}.{rows}")
+        switch.add_case(ir.Constant(i64, rows), bb)
+        with builder.goto_block(bb):
+            builder.call(kernel(rows), args)
+            builder.branch(done)
+    builder.position_at_end(done)
+
+
 @intrinsic
 def dot_rows(typingctx, w, x, r0, n, out):
     """out[i] = dot(x[r0 + i], w[:x.shape[1]]) for i < n (1 <= n <= MAX_ROWS),
@@ -103,7 +118,7 @@ def dot_rows(typingctx, w, x, r0, n, out):
 
     def codegen(context, builder, sig, args):
         context.active_code_library.add_linking_library(_library(context))
-        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        ptr = ir.PointerType(ir.IntType(8))
         wa = context.make_array(sig.args[0])(context, builder, args[0])
         xa = context.make_array(sig.args[1])(context, builder, args[1])
         oa = context.make_array(sig.args[4])(context, builder, args[4])
@@ -111,15 +126,7 @@ def dot_rows(typingctx, w, x, r0, n, out):
         first = builder.gep(xa.data, [builder.mul(context.cast(builder, args[2], sig.args[2], types.int64), k)])
         n64 = context.cast(builder, args[3], sig.args[3], types.int64)
         call = [builder.bitcast(wa.data, ptr), builder.bitcast(first, ptr), k, builder.bitcast(oa.data, ptr), k]
-        done = builder.append_basic_block("dot_rows.done")
-        switch = builder.switch(n64, done)
-        for rows in range(1, MAX_ROWS + 1):
-            bb = builder.append_basic_block(f"dot_rows.{rows}")
-            switch.add_case(ir.Constant(i64, rows), bb)
-            with builder.goto_block(bb):
-                builder.call(_declare(builder, rows), call)
-                builder.branch(done)
-        builder.position_at_end(done)
+        call_for_rows(builder, n64, MAX_ROWS, lambda rows: _declare(builder, rows), call, "dot_rows")
         return context.get_dummy_value()
     return types.none(w, x, r0, n, out), codegen
 

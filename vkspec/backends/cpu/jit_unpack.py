@@ -14,11 +14,13 @@ Callers guarantee the bytes and the 32 floats are there (nothing checks).
 from __future__ import annotations
 
 import llvmlite.binding as llvm
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .jit_dot import call_for_rows
 from .jit_ir import unpack_ir
 from .jit_ir_blocks import CODES, FORMATS, blocks_ir, fused_rows
 
@@ -73,22 +75,19 @@ def unpack(typingctx, kind, row, at, out, y, d, m, shift):
     return types.none(kind, row, at, out, y, d, m, shift), codegen
 
 
-_FUSED = {CODES[name]: name for name in FORMATS}                # jit_blocks' code -> the format
+FUSED = np.zeros(max(CODES.values()) + 1, np.bool_)           # jit_blocks' code -> has a fused kernel
+FUSED[[CODES[name] for name in FORMATS]] = True
 
 
 @intrinsic
 def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     """out[x0 + i, m] = dot(x[x0 + i], row m's values) for i < nx (1 <=
     nx <= FUSED_ROWS) and stored rows r0 <= m < r1 of the 2-d block array
-    `data`; kind is the format's jit_blocks code, a compile-time constant (one
-    of jit_ir_blocks.FORMATS). x and out are C-contiguous 2-d float32 arrays."""
-    if not (isinstance(kind, types.IntegerLiteral) and kind.literal_value in _FUSED):
-        return None
+    `data`; kind is the format's jit_blocks code, one with FUSED[kind] (any
+    other does nothing). x and out are C-contiguous 2-d float32 arrays."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 for a in (data, x, out)) and data.dtype == types.uint8
             and x.dtype == types.float32 and out.dtype == types.float32 and x.layout == "C" and out.layout == "C"):
         return None
-    fmt = _FUSED[kind.literal_value]
-    f = FORMATS[fmt]
 
     def codegen(context, builder, sig, args):
         context.active_code_library.add_linking_library(_library(context))
@@ -96,22 +95,26 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
         da = context.make_array(sig.args[1])(context, builder, args[1])
         xa = context.make_array(sig.args[4])(context, builder, args[4])
         oa = context.make_array(sig.args[7])(context, builder, args[7])
-        lo, hi, x0, nx = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (2, 3, 5, 6))
+        code, lo, hi, x0, nx = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (0, 2, 3, 5, 6))
         stride = builder.extract_value(da.strides, 0)
         xs, os_ = builder.extract_value(xa.shape, 1), builder.extract_value(oa.shape, 1)
-        call = [builder.gep(builder.bitcast(da.data, ptr), [builder.mul(lo, stride)]), stride,
-                builder.bitcast(builder.gep(xa.data, [builder.mul(x0, xs)]), ptr), xs,
-                builder.bitcast(builder.gep(oa.data, [builder.add(builder.mul(x0, os_), lo)]), ptr), os_,
-                builder.sub(hi, lo), builder.mul(builder.udiv(builder.extract_value(da.shape, 1), ir.Constant(i64, f.bytes)),
-                                                 ir.Constant(i64, f.values // 32))]
         fty = ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, ptr, i64, i64, i64])
         done = builder.append_basic_block("gemv_fused.done")
-        switch = builder.switch(nx, done)
-        for n in range(1, FUSED_ROWS + 1):
-            bb = builder.append_basic_block(f"gemv_fused.{n}")
-            switch.add_case(ir.Constant(i64, n), bb)
+        switch = builder.switch(code, done)
+        for fmt, f in FORMATS.items():
+            bb = builder.append_basic_block(f"gemv_fused.{fmt}")
+            switch.add_case(ir.Constant(i64, CODES[fmt]), bb)
             with builder.goto_block(bb):
-                builder.call(cgutils.get_or_insert_function(builder.module, fty, f"vkspec_gemv{n}_{fmt}"), call)
+                units = builder.mul(builder.udiv(builder.extract_value(da.shape, 1), ir.Constant(i64, f.bytes)),
+                                    ir.Constant(i64, f.values // 32))
+                call = [builder.gep(builder.bitcast(da.data, ptr), [builder.mul(lo, stride)]), stride,
+                        builder.bitcast(builder.gep(xa.data, [builder.mul(x0, xs)]), ptr), xs,
+                        builder.bitcast(builder.gep(oa.data, [builder.add(builder.mul(x0, os_), lo)]), ptr), os_,
+                        builder.sub(hi, lo), units]
+                call_for_rows(builder, nx, FUSED_ROWS,
+                              lambda n, fmt=fmt: cgutils.get_or_insert_function(builder.module, fty,
+                                                                                  f"vkspec_gemv{n}_{fmt}"),
+                              call, f"gemv_fused.{fmt}")
                 builder.branch(done)
         builder.position_at_end(done)
         return context.get_dummy_value()
