@@ -99,7 +99,7 @@ def packaged_file(module: str, pattern: str):
 @pytest.fixture(scope="session", autouse=True)
 def compiled_kernels(tmp_path_factory):
     """Compile the CPU path's kernels once, before any test times out on it:
-    they land in numba's disk cache (backends/cpu/__init__.py), which every
+    they land in numba's disk cache (backends/cpu/numba_cache.py), which every
     vkspec process of the session (the CLI and server tests run subprocesses)
     then loads instead of compiling again."""
     from vkspec.loader import load_model

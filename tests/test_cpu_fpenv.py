@@ -74,3 +74,26 @@ def test_numba_workers_started_under_flush_to_zero_are_refused():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("refused: the CPU does not compute float32") and "numba:" in r.stdout
     assert r.stdout.count("\n") == 1
+
+
+def test_a_device_model_loads_neither_numba_nor_llvmlite(tiny_dir):
+    """A device run computes nothing with numba (the sampler is NumPy), so it
+    must not pay numba's and llvmlite's ~70 MB of RSS for the float check;
+    the check still runs for NumPy."""
+    r = py("import sys\nfrom vkspec.loader import load_model\nfrom vkspec.backends.cpu import fpenv\n"
+           f"m = load_model({str(tiny_dir)!r}, backend='vulkan')\n"
+           "print(fpenv._checked.ok, fpenv._checked.numba_checked, 'numba' in sys.modules, 'llvmlite' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "False", "False", "False"]
+
+
+def test_a_later_load_that_runs_numba_checks_it():
+    r = py("from vkspec.backends.cpu import fpenv\n"
+           "a = fpenv.ensure_ieee(numba=False)\nprint(a.numba_checked)\n"
+           "fpenv.set_flush(True)\nfpenv.numba_results()\n"
+           "from vkspec.errors import VkspecError\n"
+           "try:\n    fpenv.ensure_ieee()\nexcept VkspecError as e:\n    print('refused:', e)\n",
+           NUMBA_NUM_THREADS="2")
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == "False" and second.startswith("refused:") and "numba:" in second

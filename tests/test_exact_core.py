@@ -434,7 +434,7 @@ def test_the_kernel_cache_is_named_after_the_dot_ir():
     """numba keys a cached function on its own file only: kernels linked
     against another IR (another ISA, or a changed generator) live in another
     folder and are never loaded."""
-    from vkspec.backends.cpu import jit_ir, jit_ir_blocks
+    from vkspec.backends.cpu import jit_ir, jit_ir_blocks, numba_cache  # noqa: F401  (sets the folder)
     digests = {isa: jit_ir_blocks.ir_digest(isa) for isa in jit_ir.ISAS}
     assert len(set(digests.values())) == len(digests)
     if "NUMBA_CACHE_DIR" not in os.environ or "/vkspec/numba/" in os.environ["NUMBA_CACHE_DIR"]:

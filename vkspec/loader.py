@@ -217,7 +217,9 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
     from .backends.cpu.fpenv import ensure_ieee
-    ensure_ieee()                    # both backends compute on the CPU (the tier, the sampler)
+    # the sampler computes on the CPU with NumPy on both backends; numba
+    # runs only the CPU model's ops and the tier's CPU experts
+    ensure_ieee(numba=backend == "cpu" or tier is not None)
     cfg, ckpt = open_checkpoint(model_dir, fmt)
     if backend == "vulkan":
         from .shaders.limits import check

@@ -158,6 +158,7 @@ _kernel = None
 def _compiled():
     global _kernel
     if _kernel is None:
+        from . import numba_cache  # noqa: F401
         from numba import njit, prange
 
         @njit(parallel=True, cache=True, error_model="numpy")
@@ -217,8 +218,9 @@ class CpuCheck:
 
 
 def check(use_numba: bool | None = None) -> CpuCheck:
-    from . import jit
-    use_numba = jit.enabled() if use_numba is None else use_numba
+    if use_numba is None:
+        from . import jit
+        use_numba = jit.enabled()
     res = CpuCheck(control(), numba_checked=use_numba)
     res.numpy, _ = ieee.check(numpy_results())
     if use_numba:
@@ -232,20 +234,24 @@ def check(use_numba: bool | None = None) -> CpuCheck:
 _checked: CpuCheck | None = None
 
 
-def ensure_ieee() -> CpuCheck:
+def ensure_ieee(numba: bool = True) -> CpuCheck:
     """Restore IEEE defaults in this thread if FTZ/DAZ or another rounding
     is on (before any numba code runs here, so that numba's worker threads
     start with them too), then check(); refuse (VkspecError, one line) what
-    is still wrong. Done once per process while it passes."""
+    is still wrong. Done once per process while it passes.
+
+    numba=False: this process will run no numba code (a device model with
+    every weight on the device), so numba is neither loaded nor checked: it
+    costs ~70 MB of RSS and a compile. A later ensure_ieee() checks it."""
     global _checked
-    if _checked is not None and _checked.ok:
+    if _checked is not None and _checked.ok and (_checked.numba_checked or not numba):
         return _checked
     ctl, fixed = control(), False
     if ctl is not None and not ctl.ieee and set_flush(False):
         print(f"vkspec: this process computed float32 with {ctl.line()} (a library turned it on): "
               "turned off for vkspec's IEEE 754 arithmetic", file=sys.stderr, flush=True)
         fixed = True
-    res = check()
+    res = check(None if numba else False)
     res.fixed = fixed
     if not res.ok:
         raise VkspecError(f"the CPU does not compute float32 as vkspec's exact path needs: {res.line()}")

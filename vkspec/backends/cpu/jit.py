@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 from numba import njit, prange
 
 from ... import exact

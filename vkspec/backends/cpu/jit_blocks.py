@@ -16,6 +16,7 @@ numba compiles and caches it once.
 from __future__ import annotations
 
 import numpy as np
+from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 from numba import njit, prange
 
 from ... import exact

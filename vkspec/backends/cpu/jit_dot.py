@@ -40,6 +40,7 @@ __init__.py): a different IR, or ISA, never meets old code.
 
 from __future__ import annotations
 
+from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
+from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 from numba import njit, types
 from numba.extending import intrinsic, overload, register_jitable
 

@@ -13,6 +13,7 @@ Callers guarantee the bytes and the 32 floats are there (nothing checks).
 
 from __future__ import annotations
 
+from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir

@@ -1,0 +1,23 @@
+"""Where numba caches the compiled kernels: imported by every module here
+before it imports numba.
+
+numba caches the compiled kernels on disk so that no run compiles inside its
+clock. The cache lives in the user's cache folder (an installed package may
+be read-only), in a folder named after the dot product's IR digest, which
+depends on the ISA chosen (jit_ir.py): kernels linked against another IR are
+never loaded. This must happen before numba is imported; a process that
+imported numba first, or set NUMBA_CACHE_DIR, keeps its own choice.
+
+Not in the package's __init__: a device run imports this package for the
+float checks (fpenv) and must not pay llvmlite's ~40 MB of RSS for it.
+"""
+
+import os
+import sys
+
+from ...cachedir import cache_root
+from .jit_ir import ISA
+from .jit_ir_blocks import ir_digest
+
+if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
+    os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba" / f"{ISA}-{ir_digest()}")
