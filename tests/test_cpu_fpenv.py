@@ -97,3 +97,12 @@ def test_a_later_load_that_runs_numba_checks_it():
     assert r.returncode == 0, r.stderr
     first, second = r.stdout.splitlines()
     assert first == "False" and second.startswith("refused:") and "numba:" in second
+
+
+def test_with_numba_off_the_check_runs_once():
+    """VKSPEC_CPU_JIT=0 leaves numba unchecked: that is the answer, not a
+    reason to check again at every load."""
+    r = py("from vkspec.backends.cpu import fpenv\n"
+           "a = fpenv.ensure_ieee()\nprint(a.numba_checked, fpenv.ensure_ieee() is a)", VKSPEC_CPU_JIT="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "True"]

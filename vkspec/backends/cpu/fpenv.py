@@ -232,6 +232,7 @@ def check(use_numba: bool | None = None) -> CpuCheck:
 
 
 _checked: CpuCheck | None = None
+_numba_asked = False            # _checked was asked to cover numba (it may be off)
 
 
 def ensure_ieee(numba: bool = True) -> CpuCheck:
@@ -243,8 +244,8 @@ def ensure_ieee(numba: bool = True) -> CpuCheck:
     numba=False: this process will run no numba code (a device model with
     every weight on the device), so numba is neither loaded nor checked: it
     costs ~70 MB of RSS and a compile. A later ensure_ieee() checks it."""
-    global _checked
-    if _checked is not None and _checked.ok and (_checked.numba_checked or not numba):
+    global _checked, _numba_asked
+    if _checked is not None and _checked.ok and (_numba_asked or not numba):
         return _checked
     ctl, fixed = control(), False
     if ctl is not None and not ctl.ieee and set_flush(False):
@@ -255,5 +256,5 @@ def ensure_ieee(numba: bool = True) -> CpuCheck:
     res.fixed = fixed
     if not res.ok:
         raise VkspecError(f"the CPU does not compute float32 as vkspec's exact path needs: {res.line()}")
-    _checked = res
+    _checked, _numba_asked = res, numba
     return res

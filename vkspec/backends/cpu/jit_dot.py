@@ -35,7 +35,7 @@ checks; gemv asserts it in Python).
 ISA: VKSPEC_CPU_ISA (avx512, avx2 or plain) forces one, else the host's best.
 numba caches callers' machine code keyed on their own files, not on this IR,
 so the cache lives in a folder named after the IR's digest (backends/cpu/
-__init__.py): a different IR, or ISA, never meets old code.
+numba_cache.py): a different IR, or ISA, never meets old code.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The canonical dot product's LLVM IR, generated for an ISA (see jit_dot.py
 for what it computes and why it is exact). No numba here: backends/cpu/
-__init__.py names numba's cache folder after this IR's digest before numba is
+numba_cache.py names numba's cache folder after this IR's digest before numba is
 imported."""
 
 from __future__ import annotations
