@@ -96,6 +96,14 @@ def _columns_from(x, m, lo, acc, s, out):
         a = acc[t % 128]
         for d in range(dv):
             a[d] = a[d] + xt * m[t, d]
+    fold_columns(acc, s, out)
+
+
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def fold_columns(acc, s, out):
+    """out[d] = exact._finish of column d of the lanes acc (128, D): (x+y)+(z+w)
+    per lane, then the lane tree (s (32, D) is scratch)."""
+    dv = acc.shape[1]
     for lane in range(32):
         for d in range(dv):
             s[lane, d] = (acc[4 * lane, d] + acc[4 * lane + 1, d]) + (acc[4 * lane + 2, d] + acc[4 * lane + 3, d])

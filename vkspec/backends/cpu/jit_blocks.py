@@ -250,36 +250,64 @@ def _decode_256(code, row, cols, out):
                 out[y + e] = (d * F(_s8(_b(row, o + 192 + e // 16)))) * F(q)
 
 
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _rows(code, data, scales, x, out, lo, hi):
+    """out[r, m] = dot(x[r], row m's values) for stored rows lo <= m < hi; up
+    to MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows)."""
+    n, cols = x.shape[0], x.shape[1]
+    if n <= FUSED_ROWS and FUSED[code]:              # decoded onto the lanes, no buffer (jit_ir_blocks)
+        gemv_fused(code, data, lo, hi, x, 0, n, out)
+        return
+    buf = np.empty(cols, F)
+    got = np.empty(MAX_ROWS, F)
+    for m in range(lo, hi):
+        decode_row(code, data[m], scales[m], cols, buf)
+        r = 0
+        while r < n:
+            c = min(MAX_ROWS, n - r)
+            dot_rows(buf, x, r, c, got)
+            for j in range(c):
+                out[r + j, m] = got[j]
+            r += c
+
+
 @njit(parallel=True, **_JIT)
 def _gemv(code, data, scales, x, out):
-    """out[r, m] = dot(x[r], row m's values) for every stored row m; up to
-    MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows)."""
-    rows, n, cols = data.shape[0], x.shape[0], x.shape[1]
-    blocks = (rows + BLOCK - 1) // BLOCK
-    for b in prange(blocks):
-        lo, hi = b * BLOCK, min(rows, b * BLOCK + BLOCK)
-        if n <= FUSED_ROWS and FUSED[code]:          # decoded onto the lanes, no buffer (jit_ir_blocks)
-            gemv_fused(code, data, lo, hi, x, 0, n, out)
-            continue
-        buf = np.empty(cols, F)
-        got = np.empty(MAX_ROWS, F)
-        for m in range(lo, hi):
-            decode_row(code, data[m], scales[m], cols, buf)
-            r = 0
-            while r < n:
-                c = min(MAX_ROWS, n - r)
-                dot_rows(buf, x, r, c, got)
-                for j in range(c):
-                    out[r + j, m] = got[j]
-                r += c
+    """out[r, m] = dot(x[r], row m's values) for every stored row m."""
+    rows = data.shape[0]
+    for b in prange((rows + BLOCK - 1) // BLOCK):
+        _rows(code, data, scales, x, out, b * BLOCK, min(rows, b * BLOCK + BLOCK))
+
+
+@njit(parallel=True, **_JIT)
+def _gemv_many(codes, datas, scales, x, outs):
+    """_gemv of one input x against several matrices (a layer's q, k and v;
+    gate and up), in one parallel loop over all their row blocks."""
+    count = len(datas)
+    ends = np.zeros(count + 1, np.int64)              # ends[i + 1]: the blocks of matrices 0..i
+    for i in range(count):
+        ends[i + 1] = ends[i] + (datas[i].shape[0] + BLOCK - 1) // BLOCK
+    for item in prange(ends[count]):
+        i = 0
+        while item >= ends[i + 1]:
+            i += 1
+        b, rows = item - ends[i], datas[i].shape[0]
+        _rows(codes[i], datas[i], scales[i], x, outs[i], b * BLOCK, min(rows, b * BLOCK + BLOCK))
+
+
+_NO_SCALES: dict[int, np.ndarray] = {}
 
 
 def scales_2d(w) -> np.ndarray:
-    """The weight's outside scales as float32 (rows, >= 1) (a dummy column for
-    formats that keep their scales in the blocks)."""
+    """The weight's outside scales as float32 (rows, >= 1), or zeros (rows, 1)
+    for formats that keep their scales in the blocks (one array per row count,
+    made once: a GEMV is called ~200 times per token)."""
     if w.scales.size:
         return np.ascontiguousarray(w.scales, dtype=F)
-    return np.zeros((w.data.shape[0], 1), F)
+    rows = w.data.shape[0]
+    if rows not in _NO_SCALES:
+        _NO_SCALES[rows] = np.zeros((rows, 1), F)
+    return _NO_SCALES[rows]
 
 
 def gemv(w, x: np.ndarray) -> np.ndarray:
@@ -289,6 +317,15 @@ def gemv(w, x: np.ndarray) -> np.ndarray:
     out = np.empty((x.shape[0], w.data.shape[0]), F)
     _gemv(CODES[w.fmt], w.data, scales_2d(w), np.ascontiguousarray(x, dtype=F), out)
     return out
+
+
+def gemv_many(ws, x: np.ndarray) -> list[np.ndarray]:
+    """[gemv(w, x) for w in ws] in one compiled call (none of them f32)."""
+    x = np.ascontiguousarray(x, dtype=F)
+    outs = tuple(np.empty((x.shape[0], w.data.shape[0]), F) for w in ws)
+    _gemv_many(np.array([CODES[w.fmt] for w in ws], np.int64), tuple(w.data for w in ws),
+               tuple(scales_2d(w) for w in ws), x, outs)
+    return list(outs)
 
 
 def decode(w) -> np.ndarray:
@@ -301,10 +338,11 @@ def decode(w) -> np.ndarray:
 
 
 def machine_code() -> str:
-    """Every CPU kernel's assembly (jit.machine_code) and the block GEMV's,
+    """Every CPU kernel's assembly (jit.machine_code, the attention's) and the block GEMV's,
     whose every format's decoder is inlined, compiled afresh."""
     gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
     gemv_(3, np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F),
           np.zeros((2, 256), F), np.empty((2, jit.BLOCK), F))
-    from . import jit_unpack
-    return "\n".join([jit.machine_code(), jit_unpack.machine_code()] + list(gemv_.inspect_asm().values()))
+    from . import jit_attend, jit_unpack
+    return "\n".join([jit.machine_code(), jit_unpack.machine_code(), jit_attend.machine_code()]
+                     + list(gemv_.inspect_asm().values()))

@@ -169,35 +169,45 @@ def _rms_rows(x, w, z, eps, inv_n, gated, out):
             out[r, j] = v * silu1(z[r, j]) if gated else v
 
 
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def softmax_row(x, lo, n, acc, s, out):
+    """exact.softmax of x's entries lo..n-1 into out[lo:n] (x and out
+    elsewhere neither read nor written): exp(x - max) * recip(reduce_sum(e)),
+    NaN-propagating max as np.max, each entry in the lane of its own index
+    (acc (128,) and s (32,) are scratch). Returns the factor recip(sum)."""
+    m = x[lo]
+    for j in range(lo + 1, n):
+        v = x[j]
+        if m != m:
+            break
+        if v > m or v != v:
+            m = v
+    for j in range(128):
+        acc[j] = _ZERO
+    for j in range(lo, n):              # apart from the lane sums, so that it vectorises
+        out[j] = exp1(x[j] - m)
+    for j in range(lo, n):
+        acc[j % 128] = acc[j % 128] + out[j]
+    q = recip1(jit._finish(acc, s, max(1, min(32, (n + 3) // 4))))
+    for j in range(lo, n):
+        out[j] = out[j] * q
+    return q
+
+
 @njit(boundscheck=False, error_model="numpy", cache=True)
 def _softmax_rows(x, lens, starts, out):
-    """exact.softmax per row over its entries starts[r]..lens[r]-1 (the rest
-    +0, never read): exp(x - max) * recip(reduce_sum(e)), NaN-propagating max
-    as np.max, each entry in the lane of its own index."""
+    """exact.softmax per row over its entries starts[r]..lens[r]-1; the rest
+    are +0 times the row's factor, as in exact.softmax's mask (NaN in a row
+    of NaN)."""
     acc = np.empty(128, F)
     s = np.empty(32, F)
     for r in range(x.shape[0]):
         n, lo = lens[r], starts[r]
-        m = x[r, lo]
-        for j in range(lo + 1, n):
-            v = x[r, j]
-            if m != m:
-                break
-            if v > m or v != v:
-                m = v
-        for j in range(128):
-            acc[j] = _ZERO
+        q = softmax_row(x[r], lo, n, acc, s, out[r])
         for j in range(lo):
-            out[r, j] = _ZERO
-        for j in range(lo, n):          # apart from the lane sums, so that it vectorises
-            out[r, j] = exp1(x[r, j] - m)
-        for j in range(lo, n):
-            acc[j % 128] = acc[j % 128] + out[r, j]
+            out[r, j] = _ZERO * q
         for j in range(n, x.shape[1]):
-            out[r, j] = _ZERO
-        q = recip1(jit._finish(acc, s, max(1, min(32, (n + 3) // 4))))
-        for j in range(x.shape[1]):
-            out[r, j] = out[r, j] * q
+            out[r, j] = _ZERO * q
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)

@@ -137,7 +137,7 @@ class CpuModel:
     def attention(self, w: AttnW, h, pos, kcache, vcache):
         c = self.cfg
         n, nh, hd = h.shape[0], c.num_attention_heads, c.head_dim
-        q = self.proj(w.q, w.q_bias, h)
+        q, k, v = (self.bias(y, b) for y, b in zip(ops.gemvs([w.q, w.k, w.v], h), (w.q_bias, w.k_bias, w.v_bias)))
         if w.gated:
             q = q.reshape(n, nh, 2 * hd)
             q, gate = q[:, :, :hd], q[:, :, hd:].reshape(n, nh * hd)
@@ -146,7 +146,7 @@ class CpuModel:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
         cos, sin = self.ropes[w.rope_theta]
         q = ops.rope(q, cos[pos], sin[pos])
-        self.write_kv(w, h, pos, kcache, vcache)
+        self.store_kv(w, k, v, pos, kcache, vcache)
         out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(c.scores_scale), w.window)
         out = out.reshape(n, nh * hd)
         if w.gated:
@@ -154,28 +154,35 @@ class CpuModel:
         return self.proj(w.o, w.o_bias, out)
 
     @staticmethod
-    def proj(w, bias, h):
-        y = ops.gemv(w, h)
+    def bias(y, bias):
         return y if bias is None else ops.bias_add(y, bias)
+
+    @classmethod
+    def proj(cls, w, bias, h):
+        return cls.bias(ops.gemv(w, h), bias)
 
     def write_kv(self, w: AttnW, h, pos, kcache, vcache):
         """The rows' keys (normed, rotated) and values into the cache at pos."""
+        k, v = (self.bias(y, b) for y, b in zip(ops.gemvs([w.k, w.v], h), (w.k_bias, w.v_bias)))
+        self.store_kv(w, k, v, pos, kcache, vcache)
+
+    def store_kv(self, w: AttnW, k, v, pos, kcache, vcache):
+        """Projected keys, normed and rotated, and values into the cache at pos."""
         c = self.cfg
-        n, nkv, hd = h.shape[0], c.num_key_value_heads, c.head_dim
-        k = self.proj(w.k, w.k_bias, h).reshape(n, nkv, hd)
+        n, nkv, hd = k.shape[0], c.num_key_value_heads, c.head_dim
+        k = k.reshape(n, nkv, hd)
         if w.k_norm is not None:
             k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
         cos, sin = self.ropes[w.rope_theta]
         ops.rope(k, cos[pos], sin[pos], cache=kcache, pos=pos)
-        none = self.cos[pos][:, :0]                 # rot 0: the values enter the cache as they are
-        ops.rope(self.proj(w.v, w.v_bias, h).reshape(n, nkv, hd), none, none, cache=vcache, pos=pos)
+        vcache[pos] = v.reshape(n, nkv, hd)         # the values enter the cache as they are (rope.comp's rot 0)
 
     def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg
         n = h.shape[0]
         nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                           c.linear_key_head_dim, c.linear_value_head_dim)
-        proj = np.concatenate([ops.gemv(p, h) for p in w.proj], axis=-1)
+        proj = np.concatenate(ops.gemvs(w.proj, h), axis=-1)
         cd = 2 * nk * dk + nv * dv
         qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
         K = w.conv.shape[1]
@@ -195,7 +202,7 @@ class CpuModel:
         return ops.gemv(w.out, o)
 
     def mlp(self, w: MlpW, h):
-        return ops.gemv(w.down, ops.act_mul(self.cfg.hidden_act, ops.gemv(w.gate, h), ops.gemv(w.up, h)))
+        return ops.gemv(w.down, ops.act_mul(self.cfg.hidden_act, *ops.gemvs([w.gate, w.up], h)))
 
     def moe(self, w: MoeW, h, x):
         """x plus the routed experts' and the shared expert's outputs."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import exact
 from ...formats.matrix import QWeight, dequantize
-from . import jit, jit_blocks, jit_math
+from . import jit, jit_attend, jit_blocks, jit_math
 
 f32 = np.float32
 
@@ -37,6 +37,16 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
         r1 = min(w.rows, r0 + rows_per_chunk)
         out[:, r0:r1] = exact.gemv(dequantize(w, r0, r1), x2)
     return out.reshape(lead + (w.rows,))
+
+
+def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
+    """[gemv(w, x) for w in ws]: the matrices one input feeds (q, k and v;
+    gate and up), in one compiled call where they are all in blocks."""
+    if not jit.enabled() or any(w.fmt == "f32" for w in ws):
+        return [gemv(w, x) for w in ws]
+    x = np.asarray(x, dtype=f32)
+    outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]))
+    return [(o if w.order is None else o[:, w.order]).reshape(x.shape[:-1] + (w.rows,)) for w, o in zip(ws, outs)]
 
 
 def _m():
@@ -80,7 +90,7 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)
         mw = w.experts[int(e)]
-        out[rows, slot] = gemv(mw.down, silu_mul(gemv(mw.gate, h[rows]), gemv(mw.up, h[rows])))
+        out[rows, slot] = gemv(mw.down, silu_mul(*gemvs([mw.gate, mw.up], h[rows])))
     return out
 
 
@@ -170,25 +180,10 @@ def attend(q, kc, vc, lens, scale, window: int = 0) -> np.ndarray:
     mod 128) and such keys add nothing. attend.comp follows the same rule."""
     if not jit.enabled():
         return np.stack([attend_row(q[i], kc[:lens[i]], vc[:lens[i]], scale, window) for i in range(len(q))])
-    # The compiled path: the query heads of one KV head are rows of one gemv,
-    # so the cache is read once per block. A row's scores past its length are
-    # dropped and its probabilities there are +0: adding +0 to a lane (which
-    # starts at +0, so is never -0) changes nothing, and the output kernel
-    # stops at each row's length (a later row's 0 * inf never enters). Keys
-    # before the block's first window go unread: the block starts at a
-    # multiple of 128 below them, so every key keeps its lane.
-    n, nh, hd = q.shape
-    nkv, L = kc.shape[1], int(max(lens))
-    starts = window_start(lens, window)
-    base = int(min(starts)) // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
-    rep = nh // nkv
-    qg = q.reshape(n, nkv, rep, hd).transpose(1, 0, 2, 3).reshape(nkv, n * rep, hd)
-    s = jit.gemv_batched(kc[base:L].transpose(1, 0, 2), qg) * f32(scale)   # (nkv, n*rep, L-base)
-    lens_q = np.repeat(np.asarray(lens) - base, rep)
-    starts_q = np.repeat(starts - base, rep)
-    p = jit_math.softmax(s, lens_q, starts_q)
-    o = vecmats(p, vc[base:L].transpose(1, 0, 2), lens_q, starts_q)         # (nkv, n*rep, hd)
-    return o.reshape(nkv, n, rep, hd).transpose(1, 0, 2, 3).reshape(n, nh, hd)
+    # The compiled path (jit_attend): one work item per row and query head,
+    # each reading only its own keys. A row's keys past its length or before
+    # its window are never read; keys keep their lanes (position mod 128).
+    return jit_attend.attend(q, kc, vc, lens, window_start(lens, window), scale)
 
 
 def attend_row(q, kc, vc, scale, window: int = 0) -> np.ndarray:
