@@ -236,6 +236,8 @@ def test_hindsight_judges_whole_lookup_proposals_once_the_output_decides():
     out += [4, 5]
     g.see_output(out)                                   # [9, 9] misses at once; [4..7] still open
     assert [p[1] for p in g.pending] == [[4, 5, 6, 7]]
+    rates = g.source("lookup").rates                    # ...with its drafts 1 and 2 judged already
+    assert [r.p for r in rates[:2]] == pytest.approx([2 / 4, 2 / 3])
     out += [6, 8]
     g.see_output(out)                                   # 4, 5, 6 stood, 7 did not
     assert g.pending == []
@@ -272,14 +274,17 @@ class Echo:
         pass
 
 
-def test_hindsight_lets_lookup_learn_while_the_gate_declines():
-    """With T(n) unmeasured (rho 0.5) and the 0.5 prior, value(1) = 1: the gate
-    declines; judged in hindsight, the declined proposals still teach it."""
+def test_hindsight_lets_lookup_learn_while_it_does_not_draft():
+    """The first rounds are plain steps until T(1) has a sample (lookup, a
+    free source, needs only one; Echo's first one-row forward records its
+    shape, so two). Their proposals are judged draft by draft as the output
+    comes, so the next round already drafts: with T(n) unmeasured (rho 0.5)
+    and the 0.5 prior value(1) = 1 would decline, a hit makes it pay."""
     g = Gate(7)
     r = generate_spec(Echo(), [0, 1, 2, 3, 0, 1], 12, Sampler(), [PromptLookup(5)], g)
     assert r.tokens == [2, 3, 0, 1] * 3
-    assert g.declined >= 1                              # at first a draft did not pay
-    assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12   # then it did
+    assert (g.forced_plain, g.declined) == (2, 0)
+    assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12
     assert g.source("lookup/copy").rates[0].p > 0.8       # a copy in progress: its own rates
 
 

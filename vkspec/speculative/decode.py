@@ -144,7 +144,7 @@ def generate_spec(model, prompt, n, sampler, sources=(), gate=None, snapshots=7,
                 prop = src.propose(history, pick, pos, k_max) if k_max > 0 else None
                 if prop and prop.tokens:                 # judged in full, carried up to the plan
                     gate.judge_later(prop.key, prop.tokens, len(out))
-                    prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens))]
+                    prop.tokens = prop.tokens[:gate.plan(prop.key, len(prop.tokens), src.lead_passes())]
             elif (k := gate.plan(src.name, k_max, src.lead_passes()) if gate else k_max) > 0:
                 pstep = gate is not None and gate.enabled and gate.pstep
                 prop = src.propose(history, pick, pos, k, gate if pstep else None)

@@ -119,7 +119,7 @@ class Gate:
         self.picks = 0
         self.since_plain = 0
         self.declined = self.probes = self.forced_plain = 0
-        self.pending: list[tuple[str, list[int], int]] = []    # hindsight: (source, tokens, at)
+        self.pending: list[tuple[str, list[int], int, int]] = []   # hindsight: (source, tokens, at, judged)
 
     def source(self, name: str) -> SourceStats:
         if name not in self.stats:
@@ -149,20 +149,24 @@ class Gate:
 
     def judge_later(self, name: str, tokens: list[int], at: int):
         """A free source proposed `tokens` as output[at], output[at+1], ..."""
-        self.pending.append((name, list(tokens), at))
+        self.pending.append((name, list(tokens), at, 0))
 
     def see_output(self, out: list[int]):
-        """Settle the hindsight proposals the output now decides."""
+        """Judge each hindsight proposal's drafts as far as the output now
+        decides them: draft j as soon as output[at + j - 1] is known (not once
+        the whole proposal is), so that in plain steps, one token at a time,
+        a five-token copy teaches draft 1 at once instead of five steps on.
+        A proposal is done at its first miss or its last draft."""
         still = []
-        for name, toks, at in self.pending:
-            known = out[at:at + len(toks)]
-            hit = 0
-            while hit < len(known) and known[hit] == toks[hit]:
-                hit += 1
-            if hit < len(known) or len(known) == len(toks):
-                self.record_verify(name, len(toks), hit)
-            else:
-                still.append((name, toks, at))
+        for name, toks, at, judged in self.pending:
+            known, s, hit = out[at:at + len(toks)], self.source(name), True
+            while hit and judged < len(known):
+                hit = known[judged] == toks[judged]
+                judged += 1
+                s.a(judged)                          # draft `judged` has a rate (its prior at first)
+                s.rates[judged - 1].add(hit)
+            if hit and judged < len(toks):
+                still.append((name, toks, at, judged))
         self.pending = still
 
     def record_draft_time(self, name: str, extra_drafts: int, seconds: float, lead: float | None = None,

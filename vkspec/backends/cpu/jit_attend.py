@@ -5,13 +5,18 @@ Why one kernel: scores, softmax and the weighted sum as three compiled calls
 layer at one row on SmolLM2, ten times their arithmetic, and a quarter of a
 decoding step.
 
-Why it is exact: each (row, query head) is one work item that computes what
-the three kernels computed for it, with the same helpers: every score is
-jit_dot.dot of its key and query times the scale (gemv_batched's bits, which
-does not depend on how many rows share a load), jit_math.softmax_row over the
-row's keys, and jit._columns_from's sums for the values (reading each
-value row in place, contiguous), each key in the lane of its position. ``test_exact_core`` holds ops.attend to attend_row, the NumPy
-definition, row by row, windows and infinite values included.
+Two parallel loops: the scores, one work item per (row, KV head), each key
+row loaded once for the query heads of its group; then softmax and values,
+one item per (row, query head).
+
+Why it is exact: each item computes what the three kernels computed for it,
+with the same helpers: every score is jit_dot.dot_rows of its key and query,
+times the scale (gemv_batched's bits: a row's dot does not depend on how
+many rows share a load), jit_math.softmax_row over the row's keys, and
+jit._columns_from's sums for the values (each value row read in place), each
+key in the lane of its position. ``test_exact_core`` holds ops.attend to
+attend_row, the NumPy definition, row by row, windows and infinite values
+included.
 """
 
 from __future__ import annotations
@@ -23,38 +28,44 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit, jit_math
-from .jit_dot import dot
+from .jit_dot import MAX_ROWS, dot_rows
 
 F = np.float32
 
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
-def _attend(q, kc, vc, lens, starts, base, scale, out):
-    """out[r, h] = the attention of q[r, h] over keys starts[r]..lens[r]-1 of
-    its KV head; keys are read from ``base`` (a multiple of 128, at or before
-    every start), so key t takes lane (t - base) % 128 = t % 128."""
-    n, nh, hd = q.shape
-    rep = nh // kc.shape[1]
+def _attend(q, nh, kc, vc, lens, starts, base, scale, out):
+    """out[r, h] = the attention of query row r * nh + h of q (n * nh, hd)
+    over keys starts[r]..lens[r]-1 of its KV head; keys are read from
+    ``base`` (a multiple of 128, at or before every start), so key t takes
+    lane (t - base) % 128 = t % 128."""
+    n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[1]
+    rep = nh // nkv
     span = 0
     for r in range(n):
         span = max(span, lens[r] - base)
+    scores = np.empty((n, nh, span), F)
+    for item in prange(n * nkv):                # a key row is loaded once for its group's query heads
+        r, g = item // nkv, item % nkv
+        got = np.empty(MAX_ROWS, F)
+        for h0 in range(g * rep, g * rep + rep, MAX_ROWS):
+            c = min(MAX_ROWS, g * rep + rep - h0)
+            for j in range(starts[r] - base, lens[r] - base):
+                dot_rows(kc[base + j, g], q, r * nh + h0, c, got)
+                for i in range(c):
+                    scores[r, h0 + i, j] = got[i] * scale
     for item in prange(n * nh):
         r, h = item // nh, item % nh
         g = h // rep
         lo, hi = starts[r] - base, lens[r] - base
-        sc = np.empty(span, F)
         p = np.empty(span, F)
-        acc = np.empty(128, F)
-        s = np.empty(32, F)
-        for j in range(lo, hi):
-            sc[j] = dot(kc[base + j, g], q[r, h]) * scale
-        jit_math.softmax_row(sc, lo, hi, acc, s, p)
-        acc_d = np.zeros((128, hd), F)
+        jit_math.softmax_row(scores[r, h], lo, hi, np.empty(128, F), np.empty(32, F), p)
+        acc = np.zeros((128, hd), F)
         for j in range(lo, hi):                 # jit._columns_from's terms, each value row contiguous
-            pj, vj, a = p[j], vc[base + j, g], acc_d[j % 128]
+            pj, vj, a = p[j], vc[base + j, g], acc[j % 128]
             for d in range(hd):
                 a[d] = a[d] + pj * vj[d]
-        jit.fold_columns(acc_d, np.empty((32, hd), F), out[r, h])
+        jit.fold_columns(acc, np.empty((32, hd), F), out[r, h])
 
 
 def attend(q, kc, vc, lens, starts, scale) -> np.ndarray:
@@ -64,8 +75,10 @@ def attend(q, kc, vc, lens, starts, scale) -> np.ndarray:
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     base = int(starts.min()) // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
+    n, nh, hd = q.shape
     out = np.empty(q.shape, F)
-    _attend(np.ascontiguousarray(q, dtype=F), np.ascontiguousarray(kc, dtype=F), np.ascontiguousarray(vc, dtype=F), lens, starts, base, F(scale), out)
+    kc, vc = (np.ascontiguousarray(c, dtype=F) for c in (kc, vc))
+    _attend(np.ascontiguousarray(q, dtype=F).reshape(n * nh, hd), nh, kc, vc, lens, starts, base, F(scale), out)
     return out
 
 
@@ -73,5 +86,5 @@ def machine_code() -> str:
     """The kernel's assembly, compiled afresh (numba cannot show cached code)."""
     fresh = njit(parallel=True, boundscheck=False, error_model="numpy")(_attend.py_func)
     kc = np.ones((9, 1, 8), F)
-    fresh(np.ones((2, 2, 8), F), kc, kc, np.array([9, 5]), np.array([0, 2]), 0, F(0.5), np.empty((2, 2, 8), F))
+    fresh(np.ones((4, 8), F), 2, kc, kc, np.array([9, 5]), np.array([0, 2]), 0, F(0.5), np.empty((2, 2, 8), F))
     return "\n".join(fresh.inspect_asm().values())
