@@ -53,6 +53,7 @@ class CpuModel:
             if theta not in self.ropes:
                 self.ropes[theta] = rope_tables(cfg, self.ctx, theta)
         self._listed = (None, None)          # (draft vocabulary ids, their lm_head rows)
+        self._at = (None, {})                # (positions, RoPE base -> their cos, sin rows)
 
     @property
     def has_mtp(self) -> bool:
@@ -144,8 +145,7 @@ class CpuModel:
         q = q.reshape(n, nh, hd)
         if w.q_norm is not None:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
-        cos, sin = self.ropes[w.rope_theta]
-        q = ops.rope(q, cos[pos], sin[pos])
+        q = ops.rope(q, *self.rope_at(w.rope_theta, pos))
         self.store_kv(w, k, v, pos, kcache, vcache)
         out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(c.scores_scale), w.window)
         out = out.reshape(n, nh * hd)
@@ -173,9 +173,20 @@ class CpuModel:
         k = k.reshape(n, nkv, hd)
         if w.k_norm is not None:
             k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
-        cos, sin = self.ropes[w.rope_theta]
-        ops.rope(k, cos[pos], sin[pos], cache=kcache, pos=pos)
+        ops.rope(k, *self.rope_at(w.rope_theta, pos), cache=kcache, pos=pos)
         vcache[pos] = v.reshape(n, nkv, hd)         # the values enter the cache as they are (rope.comp's rot 0)
+
+    def rope_at(self, theta, pos):
+        """The cos and sin rows of RoPE base theta at the block's positions,
+        taken once per block of rows (every layer reads them)."""
+        key = np.asarray(pos).tobytes()
+        if self._at[0] != key:
+            self._at = (key, {})
+        rows = self._at[1]
+        if theta not in rows:
+            cos, sin = self.ropes[theta]
+            rows[theta] = (cos[pos], sin[pos])
+        return rows[theta]
 
     def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
         c = self.cfg

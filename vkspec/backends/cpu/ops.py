@@ -46,7 +46,8 @@ def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
         return [gemv(w, x) for w in ws]
     x = np.asarray(x, dtype=f32)
     outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]))
-    return [(o if w.order is None else o[:, w.order]).reshape(x.shape[:-1] + (w.rows,)) for w, o in zip(ws, outs)]
+    outs = [o if w.order is None else o[:, w.order] for w, o in zip(ws, outs)]
+    return outs if x.ndim == 2 else [o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs]
 
 
 def _m():
