@@ -272,27 +272,24 @@ def _rows(code, data, scales, x, out, lo, hi):
 
 
 @njit(parallel=True, **_JIT)
-def _gemv(code, data, scales, x, out):
-    """out[r, m] = dot(x[r], row m's values) for every stored row m."""
-    rows = data.shape[0]
-    for b in prange((rows + BLOCK - 1) // BLOCK):
-        _rows(code, data, scales, x, out, b * BLOCK, min(rows, b * BLOCK + BLOCK))
-
-
-@njit(parallel=True, **_JIT)
-def _gemv_many(codes, datas, scales, x, outs):
-    """_gemv of one input x against several matrices (a layer's q, k and v;
-    gate and up), in one parallel loop over all their row blocks."""
-    count = len(datas)
-    ends = np.zeros(count + 1, np.int64)              # ends[i + 1]: the blocks of matrices 0..i
-    for i in range(count):
-        ends[i + 1] = ends[i] + (datas[i].shape[0] + BLOCK - 1) // BLOCK
-    for item in prange(ends[count]):
-        i = 0
-        while item >= ends[i + 1]:
-            i += 1
-        b, rows = item - ends[i], datas[i].shape[0]
-        _rows(codes[i], datas[i], scales[i], x, outs[i], b * BLOCK, min(rows, b * BLOCK + BLOCK))
+def _gemv(codes, d0, d1, d2, s0, s1, s2, x, o0, o1, o2):
+    """o_i[r, m] = dot(x[r], row m's values of matrix i) for every stored row
+    m of the matrices i < len(codes) (1 to 3), in one parallel loop over all
+    their row blocks: a layer's q, k and v (or gate and up) take one call.
+    One kernel for any count, because each compiled kernel links its own
+    copy of the block kernels' machine code (jit_ir_blocks): a second one
+    cost ~30 MB of resident memory."""
+    count = codes.shape[0]
+    b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
+    b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0
+    b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0
+    for item in prange(b0 + b1 + b2):
+        code, data, sc, out, b = codes[0], d0, s0, o0, item
+        if item >= b0 + b1:
+            code, data, sc, out, b = codes[2], d2, s2, o2, item - b0 - b1
+        elif item >= b0:
+            code, data, sc, out, b = codes[1], d1, s1, o1, item - b0
+        _rows(code, data, sc, x, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK))
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}
@@ -314,18 +311,22 @@ def gemv(w, x: np.ndarray) -> np.ndarray:
     """(n, cols) rows -> (n, stored rows): every stored row of w, in storage order."""
     if w.fmt == "f32":                                          # no decoding: the values are the bytes
         return jit.gemv(w.data.view(F), x)
-    out = np.empty((x.shape[0], w.data.shape[0]), F)
-    _gemv(CODES[w.fmt], w.data, scales_2d(w), np.ascontiguousarray(x, dtype=F), out)
-    return out
+    return gemv_many([w], x)[0]
 
 
 def gemv_many(ws, x: np.ndarray) -> list[np.ndarray]:
-    """[gemv(w, x) for w in ws] in one compiled call (none of them f32)."""
+    """[gemv(w, x) for w in ws], up to three matrices per compiled call (none
+    of them f32)."""
     x = np.ascontiguousarray(x, dtype=F)
-    outs = tuple(np.empty((x.shape[0], w.data.shape[0]), F) for w in ws)
-    _gemv_many(np.array([CODES[w.fmt] for w in ws], np.int64), tuple(w.data for w in ws),
-               tuple(scales_2d(w) for w in ws), x, outs)
-    return list(outs)
+    outs = [np.empty((x.shape[0], w.data.shape[0]), F) for w in ws]
+    for i in range(0, len(ws), 3):
+        part, got = ws[i:i + 3], outs[i:i + 3]
+        data = [np.ascontiguousarray(w.data) for w in part]
+        sc = [scales_2d(w) for w in part]
+        pad = 3 - len(part)                                     # unused slots repeat the first matrix
+        _gemv(np.array([CODES[w.fmt] for w in part], np.int64), *(data + data[:1] * pad),
+              *(sc + sc[:1] * pad), x, *(got + got[:1] * pad))
+    return outs
 
 
 def decode(w) -> np.ndarray:
@@ -341,8 +342,8 @@ def machine_code() -> str:
     """Every CPU kernel's assembly (jit.machine_code, the attention's) and the block GEMV's,
     whose every format's decoder is inlined, compiled afresh."""
     gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
-    gemv_(3, np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F),
-          np.zeros((2, 256), F), np.empty((2, jit.BLOCK), F))
+    d, sc, o = np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F), np.empty((2, jit.BLOCK), F)
+    gemv_(np.array([3]), d, d, d, sc, sc, sc, np.zeros((2, 256), F), o, o, o)
     from . import jit_attend, jit_unpack
     return "\n".join([jit.machine_code(), jit_unpack.machine_code(), jit_attend.machine_code()]
                      + list(gemv_.inspect_asm().values()))
