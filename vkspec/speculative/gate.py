@@ -43,10 +43,12 @@ Terms:
   lets the head write draft n+1 only when no shorter verify is worth more and
   n+1 drafts, the new one as likely as the best bin, beat a plain step and n.
 * hindsight: a source whose proposals cost nothing (prompt lookup) shows the
-  gate its whole proposal every round, carried or not; once the output has
-  settled those tokens, the gate records them as if verified. So a_j learns
-  from every proposal (a declined one too), not only from the drafts it
-  dared to carry; the deeper positions do not wait for probes.
+  gate its whole proposal every round, carried or not; as the output settles
+  each of those tokens, the gate records that draft as if verified (draft j
+  once output j is known, up to the first miss). So a_j learns from every
+  proposal (a declined one too), not only from the drafts it dared to
+  carry; the deeper positions do not wait for probes, and draft 1 of a
+  proposal made in a plain step is judged by the very next token.
 * disabled: every proposal is drafted in full (tests).
 """
 
