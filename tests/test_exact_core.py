@@ -189,42 +189,6 @@ def test_compiled_gemv_has_no_fused_multiply_add():
         assert family not in asm, family
 
 
-@pytest.mark.parametrize("batch,rows,n,k", [(1, 1, 1, 1), (9, 140, 1, 64), (9, 64, 1, 300), (4, 33, 3, 129)])
-def test_compiled_batched_gemv_is_the_numpy_definition(batch, rows, n, k):
-    """cpu_jit.gemv_batched (attention scores) against exact.dot, entry by entry."""
-    rng = np.random.default_rng(batch * rows + k)
-    w = (rng.standard_normal((batch, rows, k)) * 3).astype(np.float32)
-    x = rng.standard_normal((batch, n, k)).astype(np.float32)
-    w[0, 0] = 0.0
-    x[0, 0] = -np.abs(x[0, 0]) - np.float32(1.0)   # an all -0 sum is +0
-    if k > 3:
-        x[-1, -1, :3] = [np.inf, np.nan, np.float32(1e-42)]
-    bits_equal(cpu_jit.gemv_batched(w, x), exact.dot(x[:, :, None, :], w[:, None, :, :]))
-
-
-@pytest.mark.parametrize("batch,n,L,d", [(1, 1, 1, 1), (4, 1, 48, 48), (3, 18, 300, 64), (2, 2, 129, 5)])
-def test_compiled_vecmats_are_the_numpy_definition(batch, n, L, d, monkeypatch):
-    """cpu.vecmats (attention outputs, the delta rule's S^T k) with and without
-    numba, rows of their own lengths; past a row's length v may hold inf."""
-    rng = np.random.default_rng(batch * L + d)
-    x = rng.standard_normal((batch, n, L)).astype(np.float32)
-    v = (rng.standard_normal((batch, L, d)) * 3).astype(np.float32)
-    v[0, :, 0] = 0.0
-    x[0, 0] = -np.abs(x[0, 0]) - np.float32(1.0)   # an all -0 sum is +0
-    lens = np.maximum(1, L - np.arange(n) * 7)
-    if L > lens[-1]:
-        v[-1, lens[-1]:, -1] = np.inf               # outside the last row's reach
-    starts = np.minimum(lens - 1, np.arange(n) * 3)  # sliding windows: v before them never read
-    vw = v.copy()
-    if starts[-1]:
-        vw[-1, starts[-1] - 1, -1] = np.inf
-    compiled, windowed = cpu_ops.vecmats(x, v, lens), cpu_ops.vecmats(x, vw, lens, starts)
-    monkeypatch.setattr(cpu_jit, "ENABLED", False)
-    bits_equal(compiled, cpu_ops.vecmats(x, v, lens))
-    bits_equal(windowed, cpu_ops.vecmats(x, vw, lens, starts))
-    assert np.isfinite(compiled[-1, -1]).all() and np.isfinite(windowed[-1, -1]).all()
-
-
 @pytest.mark.parametrize("poison,nh,nkv", [(False, 9, 3), (True, 9, 3), (False, 20, 2)])
 def test_attention_block_rows_equal_the_definition(poison, nh, nkv):
     """cpu.attend over a block of rows (the compiled path) gives each row the

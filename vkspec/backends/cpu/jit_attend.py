@@ -9,14 +9,14 @@ Two parallel loops: the scores, one work item per (row, KV head), each key
 row loaded once for the query heads of its group; then softmax and values,
 one item per (row, query head).
 
-Why it is exact: each item computes what the three kernels computed for it,
-with the same helpers: every score is jit_dot.dot_rows of its key and query,
-times the scale (gemv_batched's bits: a row's dot does not depend on how
-many rows share a load), jit_math.softmax_row over the row's keys, and
-jit._columns_from's sums for the values (each value row read in place), each
-key in the lane of its position. ``test_exact_core`` holds ops.attend to
-attend_row, the NumPy definition, row by row, windows and infinite values
-included.
+Why it is exact: each item computes what the three kernels (a GEMV, softmax,
+weighted sums) computed for it, with the same helpers: every score is
+jit_dot.dot_rows of its key and query, times the scale (a row's dot does not
+depend on how many rows share a load), jit_math.softmax_row over the row's
+keys, and jit._columns's sums for the values, each key in the lane of its
+position, the keys before the row's window left out (they would add +0).
+``test_exact_core`` holds ops.attend to attend_row, the NumPy definition,
+row by row, windows and infinite values included.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out):
         p = np.empty(span, F)
         jit_math.softmax_row(scores[r, h], lo, hi, np.empty(128, F), np.empty(32, F), p)
         acc = np.zeros((128, hd), F)
-        for j in range(lo, hi):                 # jit._columns_from's terms, each value row contiguous
+        for j in range(lo, hi):                 # jit._columns's terms, each value row contiguous
             pj, vj, a = p[j], vc[base + j, g], acc[j % 128]
             for d in range(hd):
                 a[d] = a[d] + pj * vj[d]
