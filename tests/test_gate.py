@@ -8,6 +8,7 @@ import pytest
 from vkspec.errors import VkspecError
 from vkspec.sampling import Sampler
 from vkspec.speculative.config import SpecConfig
+from vkspec.speculative import decode
 from vkspec.speculative.decode import choose, generate_spec
 from vkspec.speculative.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
 from vkspec.speculative.lookup import PromptLookup
@@ -251,11 +252,16 @@ def test_hindsight_judges_whole_lookup_proposals_once_the_output_decides():
 
 class Echo:
     """A stand-in model: the next token is (last + 1) % 4. Each forward of a
-    row count it has not seen before counts as recording a device shape."""
+    row count it has not seen before counts as recording a device shape.
+    Time is its own clock: a forward of n rows takes 10 ms (1 + 0.2 (n - 1)),
+    so the gate's decisions do not hang on a loaded machine's wall clock."""
     max_rows, cfg = 8, None
 
     def __init__(self):
-        self.recordings, self.seen, self.calls = 0, set(), []
+        self.recordings, self.seen, self.calls, self.now = 0, set(), [], 0.0
+
+    def perf_counter(self):
+        return self.now
 
     def new_state(self):
         return types.SimpleNamespace(kv_len=0)
@@ -265,6 +271,7 @@ class Echo:
         self.seen.add(len(rows))
         self.recordings += new
         self.calls.append(new)
+        self.now += 0.010 * (1 + 0.2 * (len(rows) - 1))
         st.kv_len += len(rows)
         logits = np.zeros((len(rows), 4), np.float32)
         logits[np.arange(len(rows)), (np.asarray(rows) + 1) % 4] = 1.0
@@ -274,24 +281,31 @@ class Echo:
         pass
 
 
-def test_hindsight_lets_lookup_learn_while_it_does_not_draft():
+@pytest.fixture
+def echo(monkeypatch):
+    m = Echo()
+    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
+    return m
+
+
+def test_hindsight_lets_lookup_learn_while_it_does_not_draft(echo):
     """The first rounds are plain steps until T(1) has a sample (lookup, a
     free source, needs only one; Echo's first one-row forward records its
     shape, so two). Their proposals are judged draft by draft as the output
     comes, so the next round already drafts: with T(n) unmeasured (rho 0.5)
     and the 0.5 prior value(1) = 1 would decline, a hit makes it pay."""
     g = Gate(7)
-    r = generate_spec(Echo(), [0, 1, 2, 3, 0, 1], 12, Sampler(), [PromptLookup(5)], g)
+    r = generate_spec(echo, [0, 1, 2, 3, 0, 1], 12, Sampler(), [PromptLookup(5)], g)
     assert r.tokens == [2, 3, 0, 1] * 3
     assert (g.forced_plain, g.declined) == (2, 0)
     assert r.counters.accepted == r.counters.drafted > 0 and r.forwards < 12
     assert g.source("lookup/copy").rates[0].p > 0.8       # a copy in progress: its own rates
 
 
-def test_a_forward_that_records_a_shape_is_not_a_measurement():
+def test_a_forward_that_records_a_shape_is_not_a_measurement(echo):
     """A device forward of a new row count records its sequence (on Lavapipe
     ~0.15 s, fifteen steps); that time must not become T(n)."""
-    m, g = Echo(), Gate(7)
+    m, g = echo, Gate(7)
     shown = []
     record = g.record_forward
     g.record_forward = lambda rows, seconds: (shown.append(rows), record(rows, seconds))
