@@ -54,18 +54,26 @@ def test_gemv_over_blocks_is_exact_gemv_of_the_values_on_cpu_and_device(fmt, vk,
         monkeypatch.setattr(jit, "ENABLED", True)
 
 
-def test_reordered_rows_permute_outputs_not_bytes(vk):
-    """A matrix read in another row order (QWeight.order): the CPU permutes the
-    outputs, the device uploads the rows in that order; no host copy."""
+@pytest.mark.parametrize("fmt", ["q4_k", "q4_1", "f32"])
+def test_reordered_rows_permute_outputs_not_bytes(vk, fmt):
+    """A matrix read in another row order (QWeight.order): the CPU's kernel
+    writes each stored row's outputs to its logical column, the device
+    uploads the rows in that order; no host copy. 80 rows: three of the
+    kernel's row blocks; 1, 2 and 9 input rows: the fused and the buffered
+    paths; beside an unordered matrix in one call (ops.gemvs)."""
     rng = np.random.default_rng(3)
-    w = random_weight("q4_k", 16, 256, rng)
-    order = rng.permutation(16)
+    w = random_weight(fmt, 80, 256, rng)
+    order = rng.permutation(80)
     r = w.reordered(order)
     assert r.data is w.data
-    x = rng.standard_normal((3, 256)).astype(np.float32)
-    want = exact.gemv(dequantize(w)[order], x)
-    bits_equal(ops.gemv(r, x), want)
-    bits_equal(vk.gemv(r, x), want)
+    x = rng.standard_normal((9, 256)).astype(np.float32)
+    for n in (1, 2, 9):
+        want = exact.gemv(dequantize(w)[order], x[:n])
+        bits_equal(ops.gemv(r, x[:n]), want)
+        got_r, got_w = ops.gemvs([r, w], x[:n])
+        bits_equal(got_r, want)
+        bits_equal(got_w, exact.gemv(dequantize(w), x[:n]))
+    bits_equal(vk.gemv(r, x[:3]), exact.gemv(dequantize(w)[order], x[:3]))
 
 
 def test_a_weight_larger_than_one_buffer_is_split_in_parts(vk, monkeypatch):

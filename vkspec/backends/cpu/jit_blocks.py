@@ -271,28 +271,45 @@ def _rows(code, data, scales, x, out, lo, hi):
             r += c
 
 
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _rows_to(code, data, scales, x, out, lo, hi, dest):
+    """_rows, each stored row m's outputs written to column dest[m] of out
+    (no dest: column m). A file's row order (QWeight.order) is undone here,
+    in the parallel loop, rather than by a NumPy gather after each call."""
+    if dest.shape[0] == 0:
+        _rows(code, data, scales, x, out, lo, hi)
+        return
+    tmp = np.empty((x.shape[0], int(hi)), F)         # columns lo..hi-1 used
+    _rows(code, data, scales, x, tmp, lo, hi)
+    for r in range(x.shape[0]):
+        for m in range(lo, hi):
+            out[r, dest[m]] = tmp[r, m]
+
+
 @njit(parallel=True, **_JIT)
-def _gemv(codes, d0, d1, d2, s0, s1, s2, x, o0, o1, o2):
-    """o_i[r, m] = dot(x[r], row m's values of matrix i) for every stored row
-    m of the matrices i < len(codes) (1 to 3), in one parallel loop over all
-    their row blocks: a layer's q, k and v (or gate and up) take one call.
-    One kernel for any count, because each compiled kernel links its own
-    copy of the block kernels' machine code (jit_ir_blocks): a second one
-    cost ~30 MB of resident memory."""
+def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
+    """o_i[r, dest_i[m]] = dot(x[r], row m's values of matrix i) for every
+    stored row m of the matrices i < len(codes) (1 to 3), in one parallel
+    loop over all their row blocks: a layer's q, k and v (or gate and up)
+    take one call. One kernel for any count, because each compiled kernel
+    links its own copy of the block kernels' machine code (jit_ir_blocks): a
+    second one cost ~30 MB of resident memory."""
     count = codes.shape[0]
     b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
     b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0
     b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0
     for item in prange(b0 + b1 + b2):
-        code, data, sc, out, b = codes[0], d0, s0, o0, item
+        code, data, sc, dest, out, b = codes[0], d0, s0, p0, o0, item
         if item >= b0 + b1:
-            code, data, sc, out, b = codes[2], d2, s2, o2, item - b0 - b1
+            code, data, sc, dest, out, b = codes[2], d2, s2, p2, o2, item - b0 - b1
         elif item >= b0:
-            code, data, sc, out, b = codes[1], d1, s1, o1, item - b0
-        _rows(code, data, sc, x, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK))
+            code, data, sc, dest, out, b = codes[1], d1, s1, p1, o1, item - b0
+        _rows_to(code, data, sc, x, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}
+_CODES: dict[tuple, np.ndarray] = {}
+_STORED = np.zeros(0, np.int64)                                 # no dest: outputs in storage order
 
 
 def scales_2d(w) -> np.ndarray:
@@ -307,25 +324,47 @@ def scales_2d(w) -> np.ndarray:
     return _NO_SCALES[rows]
 
 
-def gemv(w, x: np.ndarray) -> np.ndarray:
-    """(n, cols) rows -> (n, stored rows): every stored row of w, in storage order."""
+def kernel_args(w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data, scales, dest) as the compiled kernel takes them, made once per
+    weight and kept on it (preparing them on every call cost ~4 us of a
+    GEMV's ~15 us wrapper, ~120 GEMVs a token); dest[m] is the logical row
+    of stored row m (QWeight.order inverted), empty where the two agree."""
+    got = w.__dict__.get("_kernel_args")
+    if got is None or got[0] is not w.data or got[1] is not w.scales or got[2] is not w.order:
+        dest = _STORED
+        if w.order is not None:
+            dest = np.empty(w.rows, np.int64)
+            dest[w.order] = np.arange(w.rows)
+        got = (w.data, w.scales, w.order, np.ascontiguousarray(w.data), scales_2d(w), dest)
+        w.__dict__["_kernel_args"] = got
+    return got[3:]
+
+
+def gemv(w, x: np.ndarray, logical: bool = False) -> np.ndarray:
+    """(n, cols) rows -> (n, rows): every stored row of w, in storage order
+    (logical: in the forward pass's order, QWeight.order undone)."""
     if w.fmt == "f32":                                          # no decoding: the values are the bytes
-        return jit.gemv(w.data.view(F), x)
-    return gemv_many([w], x)[0]
+        out = jit.gemv(w.data.view(F), x)
+        return out[:, w.order] if logical and w.order is not None else out
+    return gemv_many([w], x, logical)[0]
 
 
-def gemv_many(ws, x: np.ndarray) -> list[np.ndarray]:
-    """[gemv(w, x) for w in ws], up to three matrices per compiled call (none
-    of them f32)."""
+def gemv_many(ws, x: np.ndarray, logical: bool = False) -> list[np.ndarray]:
+    """[gemv(w, x, logical) for w in ws], up to three matrices per compiled
+    call (none of them f32)."""
     x = np.ascontiguousarray(x, dtype=F)
     outs = [np.empty((x.shape[0], w.data.shape[0]), F) for w in ws]
     for i in range(0, len(ws), 3):
         part, got = ws[i:i + 3], outs[i:i + 3]
-        data = [np.ascontiguousarray(w.data) for w in part]
-        sc = [scales_2d(w) for w in part]
-        pad = 3 - len(part)                                     # unused slots repeat the first matrix
-        _gemv(np.array([CODES[w.fmt] for w in part], np.int64), *(data + data[:1] * pad),
-              *(sc + sc[:1] * pad), x, *(got + got[:1] * pad))
+        fmts = tuple(w.fmt for w in part)
+        if fmts not in _CODES:
+            _CODES[fmts] = np.array([CODES[f] for f in fmts], np.int64)
+        args = [kernel_args(w) for w in part]
+        if not logical:
+            args = [(d, sc, _STORED) for d, sc, _ in args]
+        args += args[:1] * (3 - len(part))                      # unused slots repeat the first matrix
+        got += got[:1] * (3 - len(part))
+        _gemv(_CODES[fmts], *(a[0] for a in args), *(a[1] for a in args), *(a[2] for a in args), x, *got)
     return outs
 
 
@@ -343,7 +382,8 @@ def machine_code() -> str:
     whose every format's decoder is inlined, compiled afresh."""
     gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
     d, sc, o = np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F), np.empty((2, jit.BLOCK), F)
-    gemv_(np.array([3]), d, d, d, sc, sc, sc, np.zeros((2, 256), F), o, o, o)
+    p = np.arange(jit.BLOCK)[::-1].copy()
+    gemv_(np.array([3]), d, d, d, sc, sc, sc, p, p, p, np.zeros((2, 256), F), o, o, o)
     from . import jit_attend, jit_unpack
     return "\n".join([jit.machine_code(), jit_unpack.machine_code(), jit_attend.machine_code()]
                      + list(gemv_.inspect_asm().values()))

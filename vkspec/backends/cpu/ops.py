@@ -28,10 +28,7 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if jit.enabled():
-        out = jit_blocks.gemv(w, x2)
-        if w.order is not None:
-            out = out[:, w.order]
-        return out.reshape(lead + (w.rows,))
+        return jit_blocks.gemv(w, x2, logical=True).reshape(lead + (w.rows,))
     out = np.empty((x2.shape[0], w.rows), dtype=f32)
     for r0 in range(0, w.rows, rows_per_chunk):
         r1 = min(w.rows, r0 + rows_per_chunk)
@@ -45,8 +42,7 @@ def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
     if not jit.enabled() or any(w.fmt == "f32" for w in ws):
         return [gemv(w, x) for w in ws]
     x = np.asarray(x, dtype=f32)
-    outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]))
-    outs = [o if w.order is None else o[:, w.order] for w, o in zip(ws, outs)]
+    outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]), logical=True)
     return outs if x.ndim == 2 else [o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs]
 
 
