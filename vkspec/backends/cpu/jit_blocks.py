@@ -308,7 +308,6 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}
-_CODES: dict[tuple, np.ndarray] = {}
 _STORED = np.zeros(0, np.int64)                                 # no dest: outputs in storage order
 
 
@@ -353,19 +352,32 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False) -> list[np.ndarray]:
     """[gemv(w, x, logical) for w in ws], up to three matrices per compiled
     call (none of them f32)."""
     x = np.ascontiguousarray(x, dtype=F)
-    outs = [np.empty((x.shape[0], w.data.shape[0]), F) for w in ws]
+    n, outs = x.shape[0], []
     for i in range(0, len(ws), 3):
-        part, got = ws[i:i + 3], outs[i:i + 3]
-        fmts = tuple(w.fmt for w in part)
-        if fmts not in _CODES:
-            _CODES[fmts] = np.array([CODES[f] for f in fmts], np.int64)
+        args, rows = _call_args(ws[i:i + 3], logical)
+        got = [np.empty((n, r), F) for r in rows]
+        _gemv(*args, x, *got, *got[:1] * (3 - len(got)))       # unused slots repeat the first matrix
+        outs += got
+    return outs
+
+
+def _call_args(part, logical: bool):
+    """The compiled call's arguments for one to three matrices, less x and
+    the outputs, and their stored row counts: made once per list and kept on
+    its first matrix (a layer asks for the same lists every step)."""
+    calls = part[0].__dict__.setdefault("_calls", {})
+    key = (tuple(map(id, part)), logical)
+    got = calls.get(key)
+    if got is None or any(a is not b for a, b in zip(got[0], part)):
         args = [kernel_args(w) for w in part]
         if not logical:
             args = [(d, sc, _STORED) for d, sc, _ in args]
         args += args[:1] * (3 - len(part))                      # unused slots repeat the first matrix
-        got += got[:1] * (3 - len(part))
-        _gemv(_CODES[fmts], *(a[0] for a in args), *(a[1] for a in args), *(a[2] for a in args), x, *got)
-    return outs
+        codes = np.array([CODES[w.fmt] for w in part], np.int64)
+        got = (tuple(part), (codes, *(a[0] for a in args), *(a[1] for a in args), *(a[2] for a in args)),
+               [w.data.shape[0] for w in part])
+        calls[key] = got
+    return got[1], got[2]
 
 
 def decode(w) -> np.ndarray:
