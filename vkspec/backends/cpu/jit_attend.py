@@ -13,7 +13,8 @@ Why it is exact: each item computes what the three kernels (a GEMV, softmax,
 weighted sums) computed for it, with the same helpers: every score is
 jit_dot.dot_rows of its key and query, times the scale (a row's dot does not
 depend on how many rows share a load), jit_math.softmax_row over the row's
-keys, and jit._columns's sums for the values, each key in the lane of its
+keys, and jit._columns's sums for the values (jit_dot.value_lanes, vector
+IR: numba's own loop re-checked aliasing for every key), each key in the lane of its
 position, the keys before the row's window left out (they would add +0).
 ``test_exact_core`` holds ops.attend to attend_row, the NumPy definition,
 row by row, windows and infinite values included.
@@ -28,7 +29,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit, jit_math
-from .jit_dot import MAX_ROWS, dot_rows
+from .jit_dot import MAX_ROWS, dot_rows, value_lanes
 
 F = np.float32
 
@@ -61,10 +62,7 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out):
         p = np.empty(span, F)
         jit_math.softmax_row(scores[r, h], lo, hi, np.empty(128, F), np.empty(32, F), p)
         acc = np.zeros((128, hd), F)
-        for j in range(lo, hi):                 # jit._columns's terms, each value row contiguous
-            pj, vj, a = p[j], vc[base + j, g], acc[j % 128]
-            for d in range(hd):
-                a[d] = a[d] + pj * vj[d]
+        value_lanes(acc, p, vc, g, base, lo, hi)    # jit._columns's terms, each value row contiguous
         jit.fold_columns(acc, np.empty((32, hd), F), out[r, h])
 
 

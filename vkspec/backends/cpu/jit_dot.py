@@ -47,7 +47,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit_ir import ISA, MAX_ROWS, _ir  # noqa: F401  (ISA, MAX_ROWS: for callers)
+from .jit_ir import ISA, MAX_ROWS, _ir, values_ir  # noqa: F401  (ISA, MAX_ROWS: for callers)
 
 
 _LIBRARIES = {}
@@ -59,8 +59,8 @@ def _library(context):
     key = id(context.codegen())
     if key not in _LIBRARIES:
         lib = context.codegen().create_library("vkspec_dot")
-        for rows in range(1, MAX_ROWS + 1):
-            module = llvm.parse_assembly(_ir(rows))
+        for text in [_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir()]:
+            module = llvm.parse_assembly(text)
             module.verify()
             lib.add_llvm_module(module)
         _LIBRARIES[key] = lib
@@ -130,6 +130,32 @@ def dot_rows(typingctx, w, x, r0, n, out):
         call_for_rows(builder, n64, MAX_ROWS, lambda rows: _declare(builder, rows), call, "dot_rows")
         return context.get_dummy_value()
     return types.none(w, x, r0, n, out), codegen
+
+
+@intrinsic
+def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
+    """acc[j % 128, :] += p[j] * vc[base + j, g, :] for j = lo..hi-1 in turn
+    (jit_ir.values_ir); acc (128, hd), p and vc C-contiguous float32, vc
+    (L, nkv, hd), base + hi <= L."""
+    arrays = (acc, p, vc)
+    if not all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in arrays) \
+            or (acc.ndim, p.ndim, vc.ndim) != (2, 1, 3):
+        return None
+
+    def codegen(context, builder, sig, args):
+        context.active_code_library.add_linking_library(_library(context))
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        aa, pa, va = (context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3))
+        g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(3, 7))
+        nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
+        stride = builder.mul(nkv, hd)
+        first = builder.gep(va.data, [builder.add(builder.mul(base, stride), builder.mul(g, hd))])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr] + [i64] * 4),
+                                            "vkspec_value_lanes")
+        builder.call(fn, [builder.bitcast(aa.data, ptr), builder.bitcast(pa.data, ptr), builder.bitcast(first, ptr),
+                          stride, lo, hi, hd])
+        return context.get_dummy_value()
+    return types.none(acc, p, vc, g, base, lo, hi), codegen
 
 
 def machine_code() -> str:

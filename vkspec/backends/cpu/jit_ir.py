@@ -140,6 +140,46 @@ def finish(r, at: str, index: str) -> list[str]:
                 f"  store float %v{r}, ptr %op{r}, align 4"]
 
 
+def values_ir(isa: str = ISA) -> str:
+    """define void @vkspec_value_lanes(ptr acc, ptr p, ptr v, i64 v_stride,
+    i64 lo, i64 hi, i64 d): for j = lo..hi-1 in turn, acc[(j & 127) * d + e]
+    += p[j] * v[j * v_stride + e] for every e < d: the attention's weighted
+    sum of value rows, key j in lane j mod 128 (jit._columns's terms).
+
+    Why IR: numba's loop over e re-checks aliasing for every key, three times
+    the arithmetic at d = 64. One fmul then one fadd, no fast-math flags."""
+    V, _ = ISAS[isa]
+    T, M = f"<{V} x float>", f"<{V} x i1>"
+    L = ["define void @vkspec_value_lanes(ptr %acc, ptr %p, ptr %v, i64 %vs, i64 %lo, i64 %hi, i64 %d) {",
+         "entry:", f"  %full = udiv i64 %d, {V}", f"  %tb = mul i64 %full, {V}", "  %rest = sub i64 %d, %tb",
+         "  %anytail = icmp ne i64 %rest, 0"]
+    L += _splat("rs", "%rest", V, "i64")
+    L += [f"  %m = icmp ult <{V} x i64> {_consts(range(V), 'i64')}, %rs", "  br label %key",
+          "key:", "  %j = phi i64 [%lo, %entry], [%jn, %next]", "  %more = icmp slt i64 %j, %hi",
+          "  br i1 %more, label %row, label %exit",
+          "row:", "  %pp = getelementptr float, ptr %p, i64 %j", "  %pj = load float, ptr %pp, align 4"]
+    L += _splat("ps", "%pj", V, "float")
+    L += ["  %lane = and i64 %j, 127", "  %ao = mul i64 %lane, %d", "  %arow = getelementptr float, ptr %acc, i64 %ao",
+          "  %vo = mul i64 %j, %vs", "  %vrow = getelementptr float, ptr %v, i64 %vo", "  br label %chunk",
+          "chunk:", "  %c = phi i64 [0, %row], [%cn, %body]", "  %inner = icmp ult i64 %c, %tb",
+          "  br i1 %inner, label %body, label %tail",
+          "body:", "  %ap = getelementptr float, ptr %arow, i64 %c", "  %vp = getelementptr float, ptr %vrow, i64 %c",
+          f"  %a = load {T}, ptr %ap, align 4", f"  %x = load {T}, ptr %vp, align 4",
+          f"  %pr = fmul {T} %ps, %x", f"  %s = fadd {T} %a, %pr", f"  store {T} %s, ptr %ap, align 4",
+          f"  %cn = add i64 %c, {V}", "  br label %chunk",
+          "tail:", "  br i1 %anytail, label %masked, label %next",
+          "masked:", "  %tap = getelementptr float, ptr %arow, i64 %tb", "  %tvp = getelementptr float, ptr %vrow, i64 %tb",
+          f"  %ta = call {T} @llvm.masked.load.v{V}f32.p0(ptr %tap, i32 4, {M} %m, {T} zeroinitializer)",
+          f"  %tx = call {T} @llvm.masked.load.v{V}f32.p0(ptr %tvp, i32 4, {M} %m, {T} zeroinitializer)",
+          f"  %tpr = fmul {T} %ps, %tx", f"  %ts = fadd {T} %ta, %tpr",
+          f"  call void @llvm.masked.store.v{V}f32.p0({T} %ts, ptr %tap, i32 4, {M} %m)", "  br label %next",
+          "next:", "  %jn = add i64 %j, 1", "  br label %key",
+          "exit:", "  ret void", "}",
+          f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, {M}, {T})",
+          f"declare void @llvm.masked.store.v{V}f32.p0({T}, ptr, i32, {M})"]
+    return "\n".join(L) + "\n"
+
+
 def _splat(name: str, value: str, n: int, ty: str) -> list[str]:
     return [f"  %{name}1 = insertelement <{n} x {ty}> poison, {ty} {value}, i64 0",
             f"  %{name} = shufflevector <{n} x {ty}> %{name}1, <{n} x {ty}> poison, <{n} x i32> zeroinitializer"]
