@@ -335,6 +335,8 @@ def kernel_args(w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             dest = np.empty(w.rows, np.int64)
             dest[w.order] = np.arange(w.rows)
         got = (w.data, w.scales, w.order, np.ascontiguousarray(w.data), scales_2d(w), dest)
+        if got[3] is not w.data or w.scales.size and got[4] is not w.scales:
+            return got[3:]                                      # a copy: never kept (a weight lives once)
         w.__dict__["_kernel_args"] = got
     return got[3:]
 
