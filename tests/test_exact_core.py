@@ -371,7 +371,7 @@ for fmt in ("q4_0", "q4_1", "q8_0", "q4_k"):
             if not same_bits(jit_blocks.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n])):
                 bad.append((fmt, "edge", n))
 from vkspec.backends.cpu import ops
-for hd, nh, nkv in ((64, 9, 3), (38, 4, 2)):       # 38: a partial vector of values in every width
+for hd, nh, nkv in ((64, 9, 3), (38, 4, 2), (80, 4, 2)):   # 38, 80: partial vectors in every width; 80: the GEMV-kernel scores
     kc, vc = (rng.standard_normal((150, nkv, hd)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((6, nh, hd)).astype(np.float32)
     lens = np.arange(145, 151)
@@ -388,8 +388,8 @@ print(json.dumps({"isa": jit_dot.ISA, "bad": bad, "asm": asm}))
 def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
     """VKSPEC_CPU_ISA forces the dot kernels' vector width and lane passes
     (jit_ir.ISAS); each gives exact.gemv's bits for 1..12 rows and any width,
-    the attention attend_row's, and its machine code (value_lanes' included)
-    has no fused multiply-add of any family. (The IR runs
+    the attention attend_row's, and its machine code (the attention's
+    scores and values kernels included) has no fused multiply-add of any family. (The IR runs
     on any x86-64: a wider vector than the host has is split by LLVM.)"""
     import json
     env = dict(os.environ, VKSPEC_CPU_ISA=isa, NUMBA_CACHE_DIR=str(tmp_path))
@@ -400,7 +400,8 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
     assert got["isa"] == isa and got["bad"] == []
     asm = got["asm"]
     assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
-    assert "vkspec_gemv1_q4_1:" in asm and "vkspec_value_lanes:" in asm   # the fused GEMV, the values
+    for kernel in ("vkspec_gemv1_q4_1", "vkspec_value_lanes", "vkspec_scores"):   # the fused GEMV, attention's
+        assert f"{kernel}:" in asm, kernel
     for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
         assert family not in asm, family
 

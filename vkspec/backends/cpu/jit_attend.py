@@ -6,16 +6,19 @@ layer at one row on SmolLM2, ten times their arithmetic, and a quarter of a
 decoding step.
 
 Two parallel loops: the scores, one work item per (row, KV head), each key
-row loaded once for the query heads of its group; then softmax and values,
-one item per (row, query head).
+row loaded once for the query heads of its group (jit_dot.key_scores for
+heads up to 64 wide: sixteen keys' lane trees at once; wider heads one key
+at a time through dot_rows); then softmax and values, one item per (row,
+query head).
 
 Why it is exact: each item computes what the three kernels (a GEMV, softmax,
 weighted sums) computed for it, with the same helpers: every score is
-jit_dot.dot_rows of its key and query, times the scale (a row's dot does not
-depend on how many rows share a load), jit_math.softmax_row over the row's
-keys, and jit._columns's sums for the values (jit_dot.value_lanes, vector
-IR: numba's own loop re-checked aliasing for every key), each key in the lane of its
-position, the keys before the row's window left out (they would add +0).
+exact.dot of its key and query (key_scores or dot_rows, both in exact.dot's
+order; a row's dot does not depend on how many rows share a load) times the
+scale, jit_math.softmax_row over the row's keys, and jit._columns's sums for
+the values (jit_dot.value_lanes: vector IR, as numba's own loop re-checked
+aliasing for every key), each key in the lane of its position, the keys
+before the row's window left out (they would add +0).
 ``test_exact_core`` holds ops.attend to attend_row, the NumPy definition,
 row by row, windows and infinite values included.
 """
@@ -29,7 +32,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit, jit_math
-from .jit_dot import MAX_ROWS, dot_rows, value_lanes
+from .jit_dot import MAX_ROWS, SCORES_DIMS, dot_rows, key_scores, value_lanes
 
 F = np.float32
 
@@ -48,10 +51,14 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out):
     scores = np.empty((n, nh, span), F)
     for item in prange(n * nkv):                # a key row is loaded once for its group's query heads
         r, g = item // nkv, item % nkv
+        lo, hi = starts[r] - base, lens[r] - base
+        if hd <= SCORES_DIMS:                   # sixteen keys' lane trees at once
+            key_scores(kc, g, base + lo, hi - lo, q, r * nh + g * rep, rep, scores, r, g * rep, lo, scale)
+            continue
         got = np.empty(MAX_ROWS, F)
         for h0 in range(g * rep, g * rep + rep, MAX_ROWS):
             c = min(MAX_ROWS, g * rep + rep - h0)
-            for j in range(starts[r] - base, lens[r] - base):
+            for j in range(lo, hi):
                 dot_rows(kc[base + j, g], q, r * nh + h0, c, got)
                 for i in range(c):
                     scores[r, h0 + i, j] = got[i] * scale

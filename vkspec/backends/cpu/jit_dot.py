@@ -1,7 +1,9 @@
 """The canonical dot product (exact.dot's order) as LLVM IR generated for the
 CPU in front of us, for numba kernels: ``dot(w, x)`` and ``dot_rows(w, X, r0,
 n, out)`` (rows r0..r0+n-1 of X, n <= 8, every weight vector loaded once for
-all of them).
+all of them); and the attention's two kernels, ``key_scores`` (the scores of
+heads up to 64 wide, sixteen keys at a time) and ``value_lanes`` (value rows
+onto their lanes), whose IR is jit_ir's scores_ir and values_ir.
 
 Why IR: the definition keeps 128 running lanes (exact.REDUCE_LANES x
 REDUCE_VEC). Written in numba they live in a heap array, so each product
@@ -47,10 +49,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit_ir import ISA, MAX_ROWS, _ir, values_ir  # noqa: F401  (ISA, MAX_ROWS: for callers)
+from .jit_ir import ISA, MAX_ROWS, _ir, scores_ir, values_ir  # noqa: F401  (ISA, MAX_ROWS: for callers)
 
 
 _LIBRARIES = {}
+SCORES_DIMS = 64            # the widest head key_scores takes
 
 
 def _library(context):
@@ -59,7 +62,7 @@ def _library(context):
     key = id(context.codegen())
     if key not in _LIBRARIES:
         lib = context.codegen().create_library("vkspec_dot")
-        for text in [_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir()]:
+        for text in [_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir(), scores_ir()]:
             module = llvm.parse_assembly(text)
             module.verify()
             lib.add_llvm_module(module)
@@ -156,6 +159,36 @@ def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
                           stride, lo, hi, hd])
         return context.get_dummy_value()
     return types.none(acc, p, vc, g, base, lo, hi), codegen
+
+
+@intrinsic
+def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
+    """out[r, h0 + i, j0 + t] = dot(q[q0 + i], kc[t0 + t, g]) * scale for i <
+    nq and t < nkeys (jit_ir.scores_ir, head dims up to 64); kc (L, nkv, hd),
+    q (rows, hd) and out (n, heads, span) C-contiguous float32."""
+    if not (all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in (kc, q, out))
+            and (kc.ndim, q.ndim, out.ndim) == (3, 2, 3)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        context.active_code_library.add_linking_library(_library(context))
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        ka, qa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 4, 7))
+        g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
+                                           for i in (1, 2, 3, 5, 6, 8, 9, 10))
+        nkv, hd = builder.extract_value(ka.shape, 1), builder.extract_value(ka.shape, 2)
+        ks, qs = builder.mul(nkv, hd), builder.extract_value(qa.shape, 1)
+        heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
+        k = builder.gep(ka.data, [builder.add(builder.mul(t0, ks), builder.mul(g, hd))])
+        o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, i64, ptr, i64, i64, i64, ir.FloatType()]),
+            "vkspec_scores")
+        builder.call(fn, [builder.bitcast(k, ptr), ks, builder.bitcast(builder.gep(qa.data, [builder.mul(q0, qs)]), ptr),
+                          qs, nq, builder.bitcast(o, ptr), span, nkeys, hd,
+                          context.cast(builder, args[11], sig.args[11], types.float32)])
+        return context.get_dummy_value()
+    return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen
 
 
 def machine_code() -> str:

@@ -140,6 +140,92 @@ def finish(r, at: str, index: str) -> list[str]:
                 f"  store float %v{r}, ptr %op{r}, align 4"]
 
 
+def scores_ir() -> str:
+    """define void @vkspec_scores(ptr k, i64 k_stride, ptr q, i64 q_stride,
+    i64 nq, ptr out, i64 out_stride, i64 nkeys, i64 d, float scale), d <= 64:
+    out[i * out_stride + t] = dot(q_i[:d], k_t[:d]) * scale for queries i <
+    nq and keys t < nkeys, each dot in exact.dot's order.
+
+    Why: a score is a dot of a few columns (64 on SmolLM2, Llama 3.2 1B,
+    Qwen2.5 0.5B), and the GEMV kernel spends most of it on the finish of its
+    128 lanes, one key at a time. Here a key's 64 lanes fold to 16 sums
+    ((x + y) + (z + w), jit_ir.finish's first steps; lanes 64..127 are the
+    definition's +0 padding and their s[i + 16] = +0 leaves s[i] as it is, as
+    no lane is ever -0), sixteen keys are parked, and the lane tree of all
+    sixteen runs at once: the shuffles pair key A's lanes i and i + h with
+    key B's, so each output is still s[i] + s[i + h] for h = 8, 4, 2, 1.
+    Columns past d load +0 (the padding). Vectors are 16 floats; LLVM
+    splits them for narrower ISAs."""
+    F, M = "<16 x float>", "<16 x i1>"
+    ml = "@llvm.masked.load.v16f32.p0"
+    L = ["define void @vkspec_scores(ptr %k, i64 %ks, ptr %q, i64 %qs, i64 %nq, ptr %out, i64 %os, i64 %nkeys, "
+         "i64 %d, float %scale) {", "entry:", "  %sbuf = alloca [256 x float], align 64",
+         "  %tiles0 = add i64 %nkeys, 15", "  %tiles = lshr i64 %tiles0, 4", "  %lastkey = sub i64 %nkeys, 1"]
+    L += _splat("sc", "%scale", 16, "float") + _splat("dd", "%d", 16, "i64")
+    L += [f"  %m{g} = icmp slt <16 x i64> {_consts(range(16 * g, 16 * g + 16), 'i64')}, %dd" for g in range(4)]
+    L += ["  br label %tile",
+          "tile:", "  %ti = phi i64 [0, %entry], [%tin, %qdone]", "  %tmore = icmp ult i64 %ti, %tiles",
+          "  br i1 %tmore, label %tbody, label %exit",
+          "tbody:", "  %t0 = shl i64 %ti, 4", "  %left = sub i64 %nkeys, %t0"]
+    L += _splat("lf", "%left", 16, "i64")
+    L += [f"  %smask = icmp slt <16 x i64> {_consts(range(16), 'i64')}, %lf", "  br label %query",
+          "query:", "  %qi = phi i64 [0, %tbody], [%qin, %tree]", "  %qmore = icmp ult i64 %qi, %nq",
+          "  br i1 %qmore, label %qbody, label %qdone",
+          "qbody:", "  %qo = mul i64 %qi, %qs", "  %qrow = getelementptr float, ptr %q, i64 %qo"]
+    for g in range(4):
+        L += [f"  %qp{g} = getelementptr float, ptr %qrow, i64 {16 * g}",
+              f"  %qv{g} = call {F} {ml}(ptr %qp{g}, i32 4, {M} %m{g}, {F} zeroinitializer)"]
+    L += ["  br label %key",
+          "key:", "  %tt = phi i64 [0, %qbody], [%ttn, %kbody]", "  %kmore = icmp ult i64 %tt, 16",
+          "  br i1 %kmore, label %kbody, label %tree",
+          "kbody:", "  %t1 = add i64 %t0, %tt", "  %tover = icmp sgt i64 %t1, %lastkey",
+          "  %t = select i1 %tover, i64 %lastkey, i64 %t1",          # past the last key: reread it, not stored
+          "  %ko = mul i64 %t, %ks", "  %krow = getelementptr float, ptr %k, i64 %ko"]
+    for g in range(4):
+        L += [f"  %kp{g} = getelementptr float, ptr %krow, i64 {16 * g}",
+              f"  %kv{g} = call {F} {ml}(ptr %kp{g}, i32 4, {M} %m{g}, {F} zeroinitializer)",
+              f"  %p{g} = fmul {F} %qv{g}, %kv{g}", f"  %a{g} = fadd {F} zeroinitializer, %p{g}"]
+    even, odd = _consts(range(0, 32, 2)), _consts(range(1, 32, 2))
+    cur = [f"%a{g}" for g in range(4)]
+    for level in range(2):                     # 64 lanes -> 32 -> 16: (x + y) + (z + w)
+        nxt = []
+        for j in range(len(cur) // 2):
+            e, o, r = f"%fe{level}.{j}", f"%fo{level}.{j}", f"%fr{level}.{j}"
+            L += [f"  {e} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {even}",
+                  f"  {o} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {odd}",
+                  f"  {r} = fadd {F} {e}, {o}"]
+            nxt.append(r)
+        cur = nxt
+    L += ["  %bo = shl i64 %tt, 4", "  %bp = getelementptr float, ptr %sbuf, i64 %bo",
+          f"  store {F} {cur[0]}, ptr %bp, align 4", "  %ttn = add i64 %tt, 1", "  br label %key"]
+    L.append("tree:")                          # sixteen keys' lane trees at once
+    cur = []
+    for j in range(16):
+        L += [f"  %tp{j} = getelementptr float, ptr %sbuf, i64 {16 * j}", f"  %tv{j} = load {F}, ptr %tp{j}, align 4"]
+        cur.append(f"%tv{j}")
+    h = 8
+    while h:
+        lo = [b + i for b in range(0, 32, 2 * h) for i in range(h)]
+        hi = [b + h + i for b in range(0, 32, 2 * h) for i in range(h)]
+        nxt = []
+        for j in range(len(cur) // 2):
+            a, b, r = f"%hl{h}.{j}", f"%hh{h}.{j}", f"%hr{h}.{j}"
+            L += [f"  {a} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(lo)}",
+                  f"  {b} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(hi)}",
+                  f"  {r} = fadd {F} {a}, {b}"]
+            nxt.append(r)
+        cur = nxt
+        h //= 2
+    L += [f"  %scaled = fmul {F} {cur[0]}, %sc", "  %oo0 = mul i64 %qi, %os", "  %oo = add i64 %oo0, %t0",
+          "  %op = getelementptr float, ptr %out, i64 %oo",
+          f"  call void @llvm.masked.store.v16f32.p0({F} %scaled, ptr %op, i32 4, {M} %smask)",
+          "  %qin = add i64 %qi, 1", "  br label %query",
+          "qdone:", "  %tin = add i64 %ti, 1", "  br label %tile",
+          "exit:", "  ret void", "}",
+          f"declare {F} {ml}(ptr, i32, {M}, {F})", f"declare void @llvm.masked.store.v16f32.p0({F}, ptr, i32, {M})"]
+    return "\n".join(L) + "\n"
+
+
 def values_ir(isa: str = ISA) -> str:
     """define void @vkspec_value_lanes(ptr acc, ptr p, ptr v, i64 v_stride,
     i64 lo, i64 hi, i64 d): for j = lo..hi-1 in turn, acc[(j & 127) * d + e]

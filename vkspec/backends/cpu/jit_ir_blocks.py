@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, unpack_ir, values_ir
+from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, scores_ir, unpack_ir, values_ir
 
 
 @dataclass(frozen=True)
@@ -309,5 +309,5 @@ def blocks_ir(isa: str = ISA) -> str:
 
 def ir_digest(isa: str = ISA) -> str:
     """Names the numba cache folder: every generated IR the kernels link."""
-    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa) + values_ir(isa)
+    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa) + values_ir(isa) + scores_ir()
     return hashlib.sha1(text.encode()).hexdigest()[:16]
