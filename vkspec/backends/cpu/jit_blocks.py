@@ -366,11 +366,12 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False) -> list[np.ndarray]:
 def _call_args(part, logical: bool):
     """The compiled call's arguments for one to three matrices, less x and
     the outputs, and their stored row counts: made once per list and kept on
-    its first matrix (a layer asks for the same lists every step)."""
+    its first matrix (a layer asks for the same lists every step). The entry
+    holds the matrices, so no id in its key can be another object's."""
     calls = part[0].__dict__.setdefault("_calls", {})
     key = (tuple(map(id, part)), logical)
     got = calls.get(key)
-    if got is None or any(a is not b for a, b in zip(got[0], part)):
+    if got is None:
         args = [kernel_args(w) for w in part]
         if not logical:
             args = [(d, sc, _STORED) for d, sc, _ in args]
