@@ -140,6 +140,19 @@ def finish(r, at: str, index: str) -> list[str]:
                 f"  store float %v{r}, ptr %op{r}, align 4"]
 
 
+def _pair_sums(L: list[str], cur: list[str], tag: str, left, right) -> list[str]:
+    """Each adjacent pair (A, B) of the 16-float vectors cur becomes
+    shuffle(A, B, left) + shuffle(A, B, right); returns the sums' names."""
+    F, out = "<16 x float>", []
+    for j in range(len(cur) // 2):
+        a, b, r = f"%{tag}l.{j}", f"%{tag}r.{j}", f"%{tag}s.{j}"
+        L += [f"  {a} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(left)}",
+              f"  {b} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(right)}",
+              f"  {r} = fadd {F} {a}, {b}"]
+        out.append(r)
+    return out
+
+
 def scores_ir() -> str:
     """define void @vkspec_scores(ptr k, i64 k_stride, ptr q, i64 q_stride,
     i64 nq, ptr out, i64 out_stride, i64 nkeys, i64 d, float scale), d <= 64:
@@ -185,17 +198,9 @@ def scores_ir() -> str:
         L += [f"  %kp{g} = getelementptr float, ptr %krow, i64 {16 * g}",
               f"  %kv{g} = call {F} {ml}(ptr %kp{g}, i32 4, {M} %m{g}, {F} zeroinitializer)",
               f"  %p{g} = fmul {F} %qv{g}, %kv{g}", f"  %a{g} = fadd {F} zeroinitializer, %p{g}"]
-    even, odd = _consts(range(0, 32, 2)), _consts(range(1, 32, 2))
     cur = [f"%a{g}" for g in range(4)]
     for level in range(2):                     # 64 lanes -> 32 -> 16: (x + y) + (z + w)
-        nxt = []
-        for j in range(len(cur) // 2):
-            e, o, r = f"%fe{level}.{j}", f"%fo{level}.{j}", f"%fr{level}.{j}"
-            L += [f"  {e} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {even}",
-                  f"  {o} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {odd}",
-                  f"  {r} = fadd {F} {e}, {o}"]
-            nxt.append(r)
-        cur = nxt
+        cur = _pair_sums(L, cur, f"f{level}", range(0, 32, 2), range(1, 32, 2))
     L += ["  %bo = shl i64 %tt, 4", "  %bp = getelementptr float, ptr %sbuf, i64 %bo",
           f"  store {F} {cur[0]}, ptr %bp, align 4", "  %ttn = add i64 %tt, 1", "  br label %key"]
     L.append("tree:")                          # sixteen keys' lane trees at once
@@ -204,17 +209,9 @@ def scores_ir() -> str:
         L += [f"  %tp{j} = getelementptr float, ptr %sbuf, i64 {16 * j}", f"  %tv{j} = load {F}, ptr %tp{j}, align 4"]
         cur.append(f"%tv{j}")
     h = 8
-    while h:
-        lo = [b + i for b in range(0, 32, 2 * h) for i in range(h)]
-        hi = [b + h + i for b in range(0, 32, 2 * h) for i in range(h)]
-        nxt = []
-        for j in range(len(cur) // 2):
-            a, b, r = f"%hl{h}.{j}", f"%hh{h}.{j}", f"%hr{h}.{j}"
-            L += [f"  {a} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(lo)}",
-                  f"  {b} = shufflevector {F} {cur[2 * j]}, {F} {cur[2 * j + 1]}, <16 x i32> {_consts(hi)}",
-                  f"  {r} = fadd {F} {a}, {b}"]
-            nxt.append(r)
-        cur = nxt
+    while h:                                   # s[i] + s[i + h] of two keys, side by side
+        cur = _pair_sums(L, cur, f"h{h}", [b + i for b in range(0, 32, 2 * h) for i in range(h)],
+                         [b + h + i for b in range(0, 32, 2 * h) for i in range(h)])
         h //= 2
     L += [f"  %scaled = fmul {F} {cur[0]}, %sc", "  %oo0 = mul i64 %qi, %os", "  %oo = add i64 %oo0, %t0",
           "  %op = getelementptr float, ptr %out, i64 %oo",
