@@ -76,6 +76,20 @@ def test_reordered_rows_permute_outputs_not_bytes(vk, fmt):
     bits_equal(vk.gemv(r, x[:3]), exact.gemv(dequantize(w)[order], x[:3]))
 
 
+def test_the_gemv_keeps_only_a_weights_own_arrays():
+    """The CPU GEMV keeps each list's kernel arguments on its first matrix,
+    but never an array it had to convert: scales held as float64 are read
+    as a float32 copy each call, and nothing holds that copy after it."""
+    rng = np.random.default_rng(5)
+    w = random_weight("int8", 40, 128, rng)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    want = ops.gemv(w, x)
+    assert w.__dict__["_calls"]                          # its own arrays: kept
+    wide = QWeight(w.fmt, w.rows, w.cols, w.data, w.scales.astype(np.float64))
+    bits_equal(ops.gemv(wide, x), want)
+    assert not wide.__dict__["_calls"]                   # a float32 copy of its scales: not kept
+
+
 def test_a_weight_larger_than_one_buffer_is_split_in_parts(vk, monkeypatch):
     """VKSPEC_MAX_BUFFER_MB below the weight's size: the rows go to several
     device buffers, one GEMV each, and the bits do not change."""

@@ -324,21 +324,19 @@ def scales_2d(w) -> np.ndarray:
 
 
 def kernel_args(w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(data, scales, dest) as the compiled kernel takes them, made once per
-    weight and kept on it (preparing them on every call cost ~4 us of a
-    GEMV's ~15 us wrapper, ~120 GEMVs a token); dest[m] is the logical row
-    of stored row m (QWeight.order inverted), empty where the two agree."""
-    got = w.__dict__.get("_kernel_args")
-    if got is None or got[0] is not w.data or got[1] is not w.scales or got[2] is not w.order:
-        dest = _STORED
-        if w.order is not None:
-            dest = np.empty(w.rows, np.int64)
-            dest[w.order] = np.arange(w.rows)
-        got = (w.data, w.scales, w.order, np.ascontiguousarray(w.data), scales_2d(w), dest)
-        if got[3] is not w.data or w.scales.size and got[4] is not w.scales:
-            return got[3:]                                      # a copy: never kept (a weight lives once)
-        w.__dict__["_kernel_args"] = got
-    return got[3:]
+    """(data, scales, dest) as the compiled kernel takes them; dest[m] is the
+    logical row of stored row m (QWeight.order inverted), empty where the
+    two agree."""
+    dest = _STORED
+    if w.order is not None:
+        dest = np.empty(w.rows, np.int64)
+        dest[w.order] = np.arange(w.rows)
+    return np.ascontiguousarray(w.data), scales_2d(w), dest
+
+
+def _own(w, data, scales) -> bool:
+    """Whether the kernel's arrays are the weight's own (no converted copy)."""
+    return data is w.data and (scales is w.scales or not w.scales.size)
 
 
 def gemv(w, x: np.ndarray, logical: bool = False) -> np.ndarray:
@@ -366,20 +364,24 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False) -> list[np.ndarray]:
 def _call_args(part, logical: bool):
     """The compiled call's arguments for one to three matrices, less x and
     the outputs, and their stored row counts: made once per list and kept on
-    its first matrix (a layer asks for the same lists every step). The entry
-    holds the matrices, so no id in its key can be another object's."""
+    its first matrix (preparing them on every call cost ~4 us of a GEMV's
+    ~15 us wrapper, ~120 GEMVs a token). The entry holds the matrices, so no
+    id in its key can be another object's; a list whose arrays had to be
+    converted is never kept (a weight lives once)."""
     calls = part[0].__dict__.setdefault("_calls", {})
     key = (tuple(map(id, part)), logical)
     got = calls.get(key)
     if got is None:
         args = [kernel_args(w) for w in part]
+        own = all(_own(w, d, sc) for w, (d, sc, _) in zip(part, args))
         if not logical:
             args = [(d, sc, _STORED) for d, sc, _ in args]
         args += args[:1] * (3 - len(part))                      # unused slots repeat the first matrix
         codes = np.array([CODES[w.fmt] for w in part], np.int64)
         got = (tuple(part), (codes, *(a[0] for a in args), *(a[1] for a in args), *(a[2] for a in args)),
                [w.data.shape[0] for w in part])
-        calls[key] = got
+        if own:
+            calls[key] = got
     return got[1], got[2]
 
 
