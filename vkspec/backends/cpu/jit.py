@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit_dot
-from .jit_dot import MAX_ROWS, dot_rows, value_lanes
+from .jit_dot import MAX_ROWS, dot_rows
 
 BLOCK = 32                  # weight rows per parallel work item
 
@@ -79,18 +79,13 @@ def _gemv(w, x, out):
 def _columns(x, m, acc, s, out):
     """out[d] = dot(x, m[:, d]) over x's length for every column d of m, in
     the canonical order (acc (128, D) and s (32, D) are scratch)."""
-    columns_into(x, m, 0, x.shape[0], acc, s, out)
-
-
-@njit(inline="always", boundscheck=False, error_model="numpy")
-def columns_into(x, m, lo, hi, acc, s, out):
-    """_columns with only the terms lo <= t < hi (the others would add +0:
-    each term keeps the lane t % 128 the whole row gives it, and m's rows
-    outside are never read). The terms go onto the lanes in one vector-IR
-    kernel (jit_dot.value_lanes): numba's own loop over a row re-checked
-    aliasing for every t, three times the arithmetic at 64 columns."""
+    dv = m.shape[1]
     acc[:, :] = np.float32(0.0)
-    value_lanes(acc, x, m, lo, hi)
+    for t in range(x.shape[0]):
+        xt = x[t]
+        a = acc[t % 128]
+        for d in range(dv):
+            a[d] = a[d] + xt * m[t, d]
     fold_columns(acc, s, out)
 
 

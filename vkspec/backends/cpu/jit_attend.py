@@ -16,7 +16,8 @@ weighted sums) computed for it, with the same helpers: every score is
 exact.dot of its key and query (key_scores or dot_rows, both in exact.dot's
 order; a row's dot does not depend on how many rows share a load) times the
 scale, jit_math.softmax_row over the row's keys, and jit._columns's sums for
-the values (jit.columns_into), each key in the lane of its position, the keys
+the values (jit_dot.value_lanes: vector IR, as numba's own loop re-checked
+aliasing for every key), each key in the lane of its position, the keys
 before the row's window left out (they would add +0).
 ``test_exact_core`` holds ops.attend to attend_row, the NumPy definition,
 row by row, windows and infinite values included.
@@ -31,7 +32,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit, jit_math
-from .jit_dot import MAX_ROWS, SCORES_DIMS, dot_rows, key_scores
+from .jit_dot import MAX_ROWS, SCORES_DIMS, dot_rows, key_scores, value_lanes
 
 F = np.float32
 
@@ -67,8 +68,9 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out):
         lo, hi = starts[r] - base, lens[r] - base
         p = np.empty(span, F)
         jit_math.softmax_row(scores[r, h], lo, hi, np.empty(128, F), np.empty(32, F), p)
-        acc = np.empty((128, hd), F)
-        jit.columns_into(p, vc[base:, g], lo, hi, acc, np.empty((32, hd), F), out[r, h])
+        acc = np.zeros((128, hd), F)
+        value_lanes(acc, p, vc, g, base, lo, hi)    # jit._columns's terms, each value row contiguous
+        jit.fold_columns(acc, np.empty((32, hd), F), out[r, h])
 
 
 def attend(q, kc, vc, lens, starts, scale) -> np.ndarray:

@@ -136,28 +136,29 @@ def dot_rows(typingctx, w, x, r0, n, out):
 
 
 @intrinsic
-def value_lanes(typingctx, acc, p, v, lo, hi):
-    """acc[j % 128, :] += p[j] * v[j, :] for j = lo..hi-1 in turn
-    (jit_ir.values_ir): exact.dot's terms of p against every column of v.
-    acc (128, d) and p C-contiguous float32; v (>= hi, d) float32 whose rows
-    may be strided (a KV head's rows of the cache) but whose columns are
-    adjacent (nothing checks)."""
-    if not (all(isinstance(a, types.Array) and a.dtype == types.float32 for a in (acc, p, v))
-            and acc.layout == "C" and p.layout == "C" and (acc.ndim, p.ndim, v.ndim) == (2, 1, 2)):
+def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
+    """acc[j % 128, :] += p[j] * vc[base + j, g, :] for j = lo..hi-1 in turn
+    (jit_ir.values_ir); acc (128, hd), p and vc C-contiguous float32, vc
+    (L, nkv, hd), base + hi <= L."""
+    arrays = (acc, p, vc)
+    if not all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in arrays) \
+            or (acc.ndim, p.ndim, vc.ndim) != (2, 1, 3):
         return None
 
     def codegen(context, builder, sig, args):
         context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
         aa, pa, va = (context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3))
-        lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (3, 4))
-        stride = builder.udiv(builder.extract_value(va.strides, 0), ir.Constant(i64, 4))     # in floats
+        g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(3, 7))
+        nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
+        stride = builder.mul(nkv, hd)
+        first = builder.gep(va.data, [builder.add(builder.mul(base, stride), builder.mul(g, hd))])
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr] + [i64] * 4),
                                             "vkspec_value_lanes")
-        builder.call(fn, [builder.bitcast(aa.data, ptr), builder.bitcast(pa.data, ptr), builder.bitcast(va.data, ptr),
-                          stride, lo, hi, builder.extract_value(aa.shape, 1)])
+        builder.call(fn, [builder.bitcast(aa.data, ptr), builder.bitcast(pa.data, ptr), builder.bitcast(first, ptr),
+                          stride, lo, hi, hd])
         return context.get_dummy_value()
-    return types.none(acc, p, v, lo, hi), codegen
+    return types.none(acc, p, vc, g, base, lo, hi), codegen
 
 
 @intrinsic
