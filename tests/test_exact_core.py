@@ -352,8 +352,8 @@ for k in (4, 124, 128, 132, 576, 1000):
     for n in range(1, 13):
         if jit.gemv(w, x[:n]).tobytes() != exact.gemv(w, x[:n]).tobytes():
             bad.append(("f32", k, n))
-for fmt in ("q4_k", "int8", "q4_0", "q4_1", "q8_0"):
-    cols = 512 if fmt == "q4_k" else 544             # 17 blocks of 32: a partial last step of 4
+for fmt in ("q4_k", "q6_k", "int8", "q4_0", "q4_1", "q5_1", "q8_0"):
+    cols = 512 if fmt.endswith("_k") else 544       # 17 blocks of 32: a partial last step of 4
     w = random_weight(fmt, 40, cols, rng)
     x = rng.standard_normal((9, cols)).astype(np.float32)
     from vkspec.formats.matrix import dequantize

@@ -24,7 +24,7 @@ from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import MAX_ROWS, dot_rows
 from .jit_ir_blocks import CODES
-from .jit_unpack import FUSED, FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, unpack
+from .jit_unpack import FUSED, FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, order_x, unpack
 
 F = np.float32
 BLOCK = 16                  # weight rows per parallel work item
@@ -251,12 +251,13 @@ def _decode_256(code, row, cols, out):
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
-def _rows(code, data, scales, x, out, lo, hi):
+def _rows(code, data, scales, x, xp, out, lo, hi):
     """out[r, m] = dot(x[r], row m's values) for stored rows lo <= m < hi; up
-    to MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows)."""
+    to MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows).
+    xp: x in the fused kernels' order (order_x), where they run."""
     n, cols = x.shape[0], x.shape[1]
     if n <= FUSED_ROWS and FUSED[code]:              # decoded onto the lanes, no buffer (jit_ir_blocks)
-        gemv_fused(code, data, lo, hi, x, 0, n, out)
+        gemv_fused(code, data, lo, hi, xp, 0, n, out)
         return
     buf = np.empty(cols, F)
     got = np.empty(MAX_ROWS, F)
@@ -272,15 +273,15 @@ def _rows(code, data, scales, x, out, lo, hi):
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
-def _rows_to(code, data, scales, x, out, lo, hi, dest):
+def _rows_to(code, data, scales, x, xp, out, lo, hi, dest):
     """_rows, each stored row m's outputs written to column dest[m] of out
     (no dest: column m). A file's row order (QWeight.order) is undone here,
     in the parallel loop, rather than by a NumPy gather after each call."""
     if dest.shape[0] == 0:
-        _rows(code, data, scales, x, out, lo, hi)
+        _rows(code, data, scales, x, xp, out, lo, hi)
         return
     tmp = np.empty((x.shape[0], int(hi)), F)         # columns lo..hi-1 used
-    _rows(code, data, scales, x, tmp, lo, hi)
+    _rows(code, data, scales, x, xp, tmp, lo, hi)
     for r in range(x.shape[0]):
         for m in range(lo, hi):
             out[r, dest[m]] = tmp[r, m]
@@ -295,6 +296,9 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
     links its own copy of the block kernels' machine code (jit_ir_blocks): a
     second one cost ~30 MB of resident memory."""
     count = codes.shape[0]
+    xp = np.empty_like(x)
+    if x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
+        order_x(x, xp)
     b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
     b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0
     b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0
@@ -304,7 +308,7 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
             code, data, sc, dest, out, b = codes[2], d2, s2, p2, o2, item - b0 - b1
         elif item >= b0:
             code, data, sc, dest, out, b = codes[1], d1, s1, p1, o1, item - b0
-        _rows_to(code, data, sc, x, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
+        _rows_to(code, data, sc, x, xp, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}

@@ -127,7 +127,13 @@ def finish(r, at: str, index: str) -> list[str]:
             nxt.append(q)
         cur = nxt
     L.append(f"  %s{r}.{FIN} = fadd {F} {cur[0]}, {cur[1]}")   # s[i] + s[i + 16]
-    width = FIN
+    return L + narrow(r, index)
+
+
+def narrow(r, index: str) -> list[str]:
+    """The lane tree's last steps, s[i] + s[i + h] for h = 8, 4, 2, 1, from
+    the 16 sums %s{r}.16, and the result stored to %out[index]."""
+    L, width = [], FIN
     while width > 1:
         h = width // 2
         src = f"<{width} x float> %s{r}.{width}, <{width} x float> poison"

@@ -85,7 +85,8 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     """out[x0 + i, m] = dot(x[x0 + i], row m's values) for i < nx (1 <=
     nx <= FUSED_ROWS) and stored rows r0 <= m < r1 of the 2-d block array
     `data`; kind is the format's jit_blocks code, one with FUSED[kind] (any
-    other does nothing). x and out are C-contiguous 2-d float32 arrays."""
+    other does nothing). x (its groups in PERM's order: order_x) and out are
+    C-contiguous 2-d float32 arrays."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 for a in (data, x, out)) and data.dtype == types.uint8
             and x.dtype == types.float32 and out.dtype == types.float32 and x.layout == "C" and out.layout == "C"):
         return None
@@ -120,6 +121,29 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
         builder.position_at_end(done)
         return context.get_dummy_value()
     return types.none(kind, data, r0, r1, x, x0, nx, out), codegen
+
+
+@intrinsic
+def order_x(typingctx, x, xp):
+    """xp = x with every 32 floats in jit_ir_blocks.PERM's order, the order
+    gemv_fused reads its input rows in. x and xp are C-contiguous 2-d float32
+    arrays of one shape whose rows are whole groups of 32."""
+    if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
+                for a in (x, xp))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        context.active_code_library.add_linking_library(_library(context))
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        xa = context.make_array(sig.args[0])(context, builder, args[0])
+        pa = context.make_array(sig.args[1])(context, builder, args[1])
+        size = builder.mul(builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]),
+                                            "vkspec_order_x")
+        builder.call(fn, [builder.bitcast(xa.data, ptr), builder.bitcast(pa.data, ptr),
+                          builder.udiv(size, ir.Constant(i64, 32))])
+        return context.get_dummy_value()
+    return types.none(x, xp), codegen
 
 
 def machine_code() -> str:
