@@ -24,7 +24,7 @@ from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import MAX_ROWS, dot_rows
 from .jit_ir_blocks import CODES
-from .jit_unpack import FUSED, FUSED_ROWS, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, order_x, unpack
+from .jit_unpack import FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, order_x, unpack
 
 F = np.float32
 BLOCK = 16                  # weight rows per parallel work item
@@ -296,8 +296,9 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
     links its own copy of the block kernels' machine code (jit_ir_blocks): a
     second one cost ~30 MB of resident memory."""
     count = codes.shape[0]
-    xp = np.empty_like(x)
-    if x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
+    xp = x
+    if ORDERED and x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
+        xp = np.empty_like(x)
         order_x(x, xp)
     b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
     b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0

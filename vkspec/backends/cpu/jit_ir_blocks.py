@@ -13,9 +13,9 @@ one fadd/fsub for a min; no fast-math flags, so never fused) with the same
 operands in the same order, and the f16 widening is exact (below). The dot
 is exact.dot's: 32 values at column 32 b are lanes 32 (b % 4) .. + 31 of the
 128, each lane adds x * w in column order from +0, then exact._finish's
-tree. Which vector element holds which lane is free: a group's values and
-the input rows' columns sit in PERM's order, which makes the tree's first
-steps whole-vector adds (_finish).
+tree. Which vector element holds which lane is free: on AVX-512, a group's
+values and the input rows' columns sit in PERM's order, which makes the
+tree's first steps whole-vector adds (_finish, group_order).
 The lanes may be visited in passes (AVX2 and plain have too few registers
 for 128 lanes of several rows): pass p takes the 32-value groups whose
 b % 4 it owns, in column order, so no group is decoded twice. A last step
@@ -33,7 +33,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, narrow, scores_ir, unpack_ir, values_ir
+import llvmlite.binding as llvm
+
+from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, narrow, scores_ir, unpack_ir, values_ir
 
 
 @dataclass(frozen=True)
@@ -52,15 +54,25 @@ FORMATS = {"q4_0": Fmt(18, 32, ("d",)), "q4_1": Fmt(20, 32, ("d", "m")), "q5_0":
            "q5_1": Fmt(24, 32, ("d", "m")), "q8_0": Fmt(34, 32, ("d",)),
            "q4_k": Fmt(144, 256, ("d", "m")), "q6_k": Fmt(210, 256, ())}
 _Q6_D = 208                     # Q6_K keeps its f16 last
-# Where a group's 32 values sit in its vectors: position p holds column
-# PERM[p], the columns 4e + k (e = 0..7) for k = 0, 2, 1, 3 in turn. Lane
-# 4e + k is accumulator k of exact's lane e, so the finish's first two steps,
-# (a0 + a1) and (a2 + a3) then their sum, add positions 0..15 to 16..31 and
-# then the two halves: whole vectors, where the column order needed two
-# two-source shuffles per pair of vectors of every row. The decoders shuffle
-# their bytes into this order (one byte shuffle a group, shared by the rows)
-# and vkspec_order_x does the same to the input rows once a call.
+# Where a group's 32 values sit in its vectors (group_order): position p
+# holds column PERM[p], the columns 4e + k (e = 0..7) for k = 0, 2, 1, 3 in
+# turn. Lane 4e + k is accumulator k of exact's lane e, so the finish's first
+# two steps, (a0 + a1) and (a2 + a3) then their sum, add positions 0..15 to
+# 16..31 and then the two halves: whole vectors, where the column order
+# needed two two-source shuffles per pair of vectors of every row. The
+# decoders shuffle their bytes into this order (one byte shuffle a group,
+# shared by the rows) and vkspec_order_x does the same to the input rows
+# once a call.
 PERM = tuple(4 * (p % 8) + (0, 2, 1, 3)[p // 8] for p in range(32))
+COLUMNS = tuple(range(32))
+
+
+def group_order(isa: str = ISA) -> tuple[int, ...]:
+    """PERM where a group's bytes are permuted by one instruction (AVX-512
+    with VBMI's vpermb), the column order elsewhere: AVX2 needs ~4
+    instructions a group for it, more than the finish saves at one row
+    (haswell code on a Zen 4, Q8_0 lm_head at one row: 2.30 against 2.05 ms)."""
+    return PERM if isa == "avx512" and llvm.get_host_cpu_features().get("avx512vbmi", False) else COLUMNS
 
 
 def _f16_ir(isa: str) -> list[str]:
@@ -117,41 +129,41 @@ def _byte(name: str, base: str, at: int) -> list[str]:
             f"  %{name} = zext i8 %{name}b to i32"]
 
 
-def _nibbles(t: str, at: str) -> list[str]:
+def _nibbles(t: str, at: str, order) -> list[str]:
     """%q{t} <32 x i32>: the low nibbles of 16 bytes, then their high
-    nibbles (values 0..15, 16..31), in PERM's order."""
+    nibbles (values 0..15, 16..31), in the given order."""
     return [f"  %v{t} = load <16 x i8>, ptr {at}, align 1",
             f"  %lo{t} = and <16 x i8> %v{t}, {_consts([15] * 16, 'i8')}",
             f"  %hi{t} = lshr <16 x i8> %v{t}, {_consts([4] * 16, 'i8')}",
-            f"  %qb{t} = shufflevector <16 x i8> %lo{t}, <16 x i8> %hi{t}, <32 x i32> {_consts(PERM)}",
+            f"  %qb{t} = shufflevector <16 x i8> %lo{t}, <16 x i8> %hi{t}, <32 x i32> {_consts(order)}",
             f"  %q{t} = zext <32 x i8> %qb{t} to <32 x i32>"]
 
 
-def _order(name: str, v: str) -> str:
-    """A group's 32 bytes, in column order, put in PERM's order."""
-    return f"  {name} = shufflevector <32 x i8> {v}, <32 x i8> poison, <32 x i32> {_consts(PERM)}"
+def _order(name: str, v: str, order) -> str:
+    """A group's 32 bytes, in column order, put in the given order."""
+    return f"  {name} = shufflevector <32 x i8> {v}, <32 x i8> poison, <32 x i32> {_consts(order)}"
 
 
-def _group(fmt: str, t: str, unit: str, j: int) -> list[str]:
+def _group(fmt: str, t: str, unit: str, j: int, order) -> list[str]:
     """%w{t} <32 x float>: the values of 32-value group j of the unit at byte
     pointer `unit` (block j of four, or group j of a K-quant block), whose
-    f16 fields _unit_scales has widened, in PERM's order."""
+    f16 fields _unit_scales has widened, in the given order (group_order)."""
     f = FORMATS[fmt]
     if f.values == 32:
         at, d = f"%at{t}", f"%{t}.d"
         L = [f"  {at} = getelementptr i8, ptr {unit}, i64 {j * f.bytes}"] + _splat(f"ds{t}", f"{d}")
         if fmt == "q8_0":                                               # q * d
             return L + [f"  %qp{t} = getelementptr i8, ptr {at}, i64 2", f"  %v{t} = load <32 x i8>, ptr %qp{t}, align 1",
-                        _order(f"%vo{t}", f"%v{t}"), f"  %qf{t} = sitofp <32 x i8> %vo{t} to <32 x float>",
+                        _order(f"%vo{t}", f"%v{t}", order), f"  %qf{t} = sitofp <32 x i8> %vo{t} to <32 x float>",
                         f"  %w{t} = fmul <32 x float> %qf{t}, %ds{t}"]
         qs = {"q4_0": 2, "q4_1": 4, "q5_0": 6, "q5_1": 8}[fmt]
-        L += [f"  %qp{t} = getelementptr i8, ptr {at}, i64 {qs}"] + _nibbles(t, f"%qp{t}")
+        L += [f"  %qp{t} = getelementptr i8, ptr {at}, i64 {qs}"] + _nibbles(t, f"%qp{t}", order)
         q = f"%q{t}"
         if fmt in ("q5_0", "q5_1"):                                     # bit j of qh is value j's fifth
             L += [f"  %hp{t} = getelementptr i8, ptr {at}, i64 {qs - 4}", f"  %h{t} = load i32, ptr %hp{t}, align 1",
                   f"  %h1{t} = insertelement <32 x i32> poison, i32 %h{t}, i64 0",
                   f"  %hs{t} = shufflevector <32 x i32> %h1{t}, <32 x i32> poison, <32 x i32> zeroinitializer",
-                  f"  %hb{t} = lshr <32 x i32> %hs{t}, {_consts(PERM)}",
+                  f"  %hb{t} = lshr <32 x i32> %hs{t}, {_consts(order)}",
                   f"  %h5{t} = and <32 x i32> %hb{t}, {_consts([1] * 32)}",
                   f"  %h4{t} = shl <32 x i32> %h5{t}, {_consts([4] * 32)}", f"  %q5{t} = or <32 x i32> %q{t}, %h4{t}"]
             q = f"%q5{t}"
@@ -176,7 +188,7 @@ def _group(fmt: str, t: str, unit: str, j: int) -> list[str]:
               f"  %dsc{t} = fmul float %{u}.d, %scf{t}", f"  %dmn{t} = fmul float %{u}.m, %mnf{t}"]
         L += _splat(f"ds{t}", f"%dsc{t}") + _splat(f"ms{t}", f"%dmn{t}")
         return L + [f"  %qp{t} = getelementptr i8, ptr {unit}, i64 {16 + 32 * (j // 2)}",
-                    f"  %v{t} = load <32 x i8>, ptr %qp{t}, align 1", _order(f"%vo{t}", f"%v{t}"),
+                    f"  %v{t} = load <32 x i8>, ptr %qp{t}, align 1", _order(f"%vo{t}", f"%v{t}", order),
                     f"  %s{t} = lshr <32 x i8> %vo{t}, {_consts([4 * (j % 2)] * 32, 'i8')}",
                     f"  %q{t} = and <32 x i8> %s{t}, {_consts([15] * 32, 'i8')}",
                     f"  %qf{t} = uitofp <32 x i8> %q{t} to <32 x float>", f"  %pr{t} = fmul <32 x float> %ds{t}, %qf{t}",
@@ -188,7 +200,7 @@ def _group(fmt: str, t: str, unit: str, j: int) -> list[str]:
         L += [f"  %c{g}s{t} = trunc i32 %c{g}{t} to i8", f"  %c{g}f{t} = sitofp i8 %c{g}s{t} to float",
               f"  %dl{g}{t} = fmul float %{u}.d, %c{g}f{t}"] + _splat(f"dl{g}s{t}", f"%dl{g}{t}")
     L += [f"  %ds{t} = shufflevector <32 x float> %dl0s{t}, <32 x float> %dl1s{t}, "
-          f"<32 x i32> {_consts([0 if c < 16 else 32 for c in PERM])}",
+          f"<32 x i32> {_consts([0 if c < 16 else 32 for c in order])}",
           f"  %lp{t} = getelementptr i8, ptr {unit}, i64 {64 * half + 32 * (k % 2)}",
           f"  %hp{t} = getelementptr i8, ptr {unit}, i64 {128 + 32 * half}",
           f"  %lv{t} = load <32 x i8>, ptr %lp{t}, align 1", f"  %hv{t} = load <32 x i8>, ptr %hp{t}, align 1",
@@ -197,7 +209,7 @@ def _group(fmt: str, t: str, unit: str, j: int) -> list[str]:
           f"  %hs{t} = lshr <32 x i8> %hv{t}, {_consts([2 * k] * 32, 'i8')}",
           f"  %hq{t} = and <32 x i8> %hs{t}, {_consts([3] * 32, 'i8')}",
           f"  %h4{t} = shl <32 x i8> %hq{t}, {_consts([4] * 32, 'i8')}", f"  %qb{t} = or <32 x i8> %lq{t}, %h4{t}",
-          _order(f"%qo{t}", f"%qb{t}"), f"  %q{t} = zext <32 x i8> %qo{t} to <32 x i32>", f"  %qs{t} = sub <32 x i32> %q{t}, {_consts([32] * 32)}",
+          _order(f"%qo{t}", f"%qb{t}", order), f"  %q{t} = zext <32 x i8> %qo{t} to <32 x i32>", f"  %qs{t} = sub <32 x i32> %q{t}, {_consts([32] * 32)}",
           f"  %qf{t} = sitofp <32 x i32> %qs{t} to <32 x float>", f"  %w{t} = fmul <32 x float> %ds{t}, %qf{t}"]
     return L
 
@@ -236,7 +248,7 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
     out[r * out_stride + m] = dot(x[r * x_stride:][:32 groups], row m's
     values) for r < n, m < rows. A loop step is a unit: 4 blocks of 32, or
     one K-quant block (8 groups, two turns of the lanes)."""
-    f, V, R = FORMATS[fmt], ISAS[isa][0], range(n)
+    f, V, R, order = FORMATS[fmt], ISAS[isa][0], range(n), group_order(isa)
     P, T, S = fused_passes(n, isa), f"<{V} x float>", 32 // V       # S: vectors per group
     per = 4 if f.values == 32 else 8                                  # groups per unit
     ubytes = 4 * f.bytes if f.values == 32 else f.bytes
@@ -253,7 +265,7 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
         the lanes of j % 4, every row."""
         out = _unit_scales(fmt, g, unit, groups, isa)
         for t, j in groups:
-            out += _group(fmt, t, unit, j) + [f"  %xo{t} = add i64 {col0}, {32 * j}"]
+            out += _group(fmt, t, unit, j, order) + [f"  %xo{t} = add i64 {col0}, {32 * j}"]
             for i in range(S):
                 out += [f"  %wv{t}.{i} = shufflevector <32 x float> %w{t}, <32 x float> poison, "
                         f"<{V} x i32> {_consts(range(V * i, V * i + V))}", f"  %xi{t}.{i} = add i64 %xo{t}, {V * i}"]
@@ -312,14 +324,14 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
     L.append("finish:")
     for r in R:
         L += [f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m"]
-        L += _finish(r, 128 * r, f"%om{r}")
+        L += _finish(r, 128 * r, f"%om{r}") if order == PERM else finish(r, f"{128 * r}", f"%om{r}")
     return L + ["  %mn = add i64 %m, 1", "  %last = icmp eq i64 %mn, %rows",
                 "  br i1 %last, label %done, label %row", "done:", "  ret void", "}"]
 
 
 def _finish(r: int, at: int, index: str) -> list[str]:
     """exact._finish of the 128 lanes parked at %buf[at:], group by group in
-    PERM's order, stored to %out[index]: per group, positions 0..15 plus
+    PERM's order (jit_ir.finish: in column order), stored to %out[index]: per group, positions 0..15 plus
     16..31 are [a0 + a1 | a2 + a3] of its 8 lanes and the halves' sum their
     (a0 + a1) + (a2 + a3); the four groups' 8 sums are t[0..31], then
     s[i] = t[i] + t[i + 16] and jit_ir.narrow's steps."""
@@ -338,21 +350,21 @@ def _finish(r: int, at: int, index: str) -> list[str]:
     return L + narrow(r, index)
 
 
-def _order_x_ir() -> list[str]:
+def _order_x_ir(order) -> list[str]:
     """vkspec_order_x(x, xp, groups): every 32 floats of x (rows of whole
-    groups, one after another) into xp in PERM's order."""
+    groups, one after another) into xp in the given order."""
     return ["define void @vkspec_order_x(ptr %x, ptr %xp, i64 %groups) {", "entry:",
             "  %none = icmp eq i64 %groups, 0", "  br i1 %none, label %done, label %loop", "loop:",
             "  %g = phi i64 [0, %entry], [%gn, %loop]", "  %o = mul i64 %g, 32",
             "  %src = getelementptr float, ptr %x, i64 %o", "  %v = load <32 x float>, ptr %src, align 4",
-            f"  %p = shufflevector <32 x float> %v, <32 x float> poison, <32 x i32> {_consts(PERM)}",
+            f"  %p = shufflevector <32 x float> %v, <32 x float> poison, <32 x i32> {_consts(order)}",
             "  %dst = getelementptr float, ptr %xp, i64 %o", "  store <32 x float> %p, ptr %dst, align 4",
             "  %gn = add i64 %g, 1", "  %end = icmp eq i64 %gn, %groups",
             "  br i1 %end, label %done, label %loop", "done:", "  ret void", "}"]
 
 
 def blocks_ir(isa: str = ISA) -> str:
-    out = _f16_ir(isa) + _order_x_ir()
+    out = _f16_ir(isa) + _order_x_ir(group_order(isa))
     for fmt in FORMATS:
         for n in range(1, fused_rows(isa) + 1):
             out += _gemv_ir(fmt, n, isa)

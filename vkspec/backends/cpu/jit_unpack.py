@@ -22,10 +22,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit_dot import call_for_rows
-from .jit_ir import unpack_ir
-from .jit_ir_blocks import CODES, FORMATS, blocks_ir, fused_rows
+from .jit_ir import ISA, unpack_ir
+from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, fused_rows, group_order
 
 FUSED_ROWS = fused_rows()
+ORDERED = group_order(ISA) != COLUMNS             # gemv_fused reads its input rows through order_x
 
 Q4_0, Q4_1, Q4_K, Q8_0 = 0, 1, 2, 3
 _NAMES = ("vkspec_q4_0", "vkspec_q4_1", "vkspec_q4_k", "vkspec_q8_0")
@@ -85,7 +86,7 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     """out[x0 + i, m] = dot(x[x0 + i], row m's values) for i < nx (1 <=
     nx <= FUSED_ROWS) and stored rows r0 <= m < r1 of the 2-d block array
     `data`; kind is the format's jit_blocks code, one with FUSED[kind] (any
-    other does nothing). x (its groups in PERM's order: order_x) and out are
+    other does nothing). x (where ORDERED, its groups put in order by order_x) and out are
     C-contiguous 2-d float32 arrays."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 for a in (data, x, out)) and data.dtype == types.uint8
             and x.dtype == types.float32 and out.dtype == types.float32 and x.layout == "C" and out.layout == "C"):
@@ -125,8 +126,8 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
 
 @intrinsic
 def order_x(typingctx, x, xp):
-    """xp = x with every 32 floats in jit_ir_blocks.PERM's order, the order
-    gemv_fused reads its input rows in. x and xp are C-contiguous 2-d float32
+    """xp = x with every 32 floats in jit_ir_blocks.group_order's order, the
+    order gemv_fused reads its input rows in (where ORDERED). x and xp are C-contiguous 2-d float32
     arrays of one shape whose rows are whole groups of 32."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
                 for a in (x, xp))):
