@@ -30,6 +30,7 @@ plain ISA the whole widening is integer operations.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -72,7 +73,12 @@ def group_order(isa: str = ISA) -> tuple[int, ...]:
     with VBMI's vpermb), the column order elsewhere: AVX2 needs ~4
     instructions a group for it, more than the finish saves at one row
     (haswell code on a Zen 4, Q8_0 lm_head at one row: 2.30 against 2.05 ms)."""
-    return PERM if isa == "avx512" and llvm.get_host_cpu_features().get("avx512vbmi", False) else COLUMNS
+    return PERM if isa == "avx512" and _host_vbmi() else COLUMNS
+
+
+@functools.cache
+def _host_vbmi() -> bool:
+    return bool(llvm.get_host_cpu_features().get("avx512vbmi", False))
 
 
 def _f16_ir(isa: str) -> list[str]:
@@ -209,7 +215,8 @@ def _group(fmt: str, t: str, unit: str, j: int, order) -> list[str]:
           f"  %hs{t} = lshr <32 x i8> %hv{t}, {_consts([2 * k] * 32, 'i8')}",
           f"  %hq{t} = and <32 x i8> %hs{t}, {_consts([3] * 32, 'i8')}",
           f"  %h4{t} = shl <32 x i8> %hq{t}, {_consts([4] * 32, 'i8')}", f"  %qb{t} = or <32 x i8> %lq{t}, %h4{t}",
-          _order(f"%qo{t}", f"%qb{t}", order), f"  %q{t} = zext <32 x i8> %qo{t} to <32 x i32>", f"  %qs{t} = sub <32 x i32> %q{t}, {_consts([32] * 32)}",
+          _order(f"%qo{t}", f"%qb{t}", order), f"  %q{t} = zext <32 x i8> %qo{t} to <32 x i32>",
+          f"  %qs{t} = sub <32 x i32> %q{t}, {_consts([32] * 32)}",
           f"  %qf{t} = sitofp <32 x i32> %qs{t} to <32 x float>", f"  %w{t} = fmul <32 x float> %ds{t}, %qf{t}"]
     return L
 

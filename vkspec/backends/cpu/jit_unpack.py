@@ -45,6 +45,13 @@ def _library(context):
     return _LIBRARIES[key]
 
 
+def _linked_arrays(context, builder, sig, args, *which):
+    """Links the generated kernels into the function being compiled; the
+    array structs of args[which]."""
+    context.active_code_library.add_linking_library(_library(context))
+    return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]
+
+
 @intrinsic
 def unpack(typingctx, kind, row, at, out, y, d, m, shift):
     """kind a compile-time constant (Q4_0 .. Q8_0); d, m float32; shift the
@@ -55,10 +62,8 @@ def unpack(typingctx, kind, row, at, out, y, d, m, shift):
     name = _NAMES[kind.literal_value]
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, f32, i8 = ir.PointerType(ir.IntType(8)), ir.FloatType(), ir.IntType(8)
-        ra = context.make_array(sig.args[1])(context, builder, args[1])
-        oa = context.make_array(sig.args[3])(context, builder, args[3])
+        ra, oa = _linked_arrays(context, builder, sig, args, 1, 3)
         src = builder.gep(ra.data, [context.cast(builder, args[2], sig.args[2], types.int64)])
         dst = builder.gep(oa.data, [context.cast(builder, args[4], sig.args[4], types.int64)])
         dv = context.cast(builder, args[5], sig.args[5], types.float32)
@@ -86,18 +91,15 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     """out[x0 + i, m] = dot(x[x0 + i], row m's values) for i < nx (1 <=
     nx <= FUSED_ROWS) and stored rows r0 <= m < r1 of the 2-d block array
     `data`; kind is the format's jit_blocks code, one with FUSED[kind] (any
-    other does nothing). x (where ORDERED, its groups put in order by order_x) and out are
-    C-contiguous 2-d float32 arrays."""
+    other does nothing). x (where ORDERED, its groups put in order by
+    order_x) and out are C-contiguous 2-d float32 arrays."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 for a in (data, x, out)) and data.dtype == types.uint8
             and x.dtype == types.float32 and out.dtype == types.float32 and x.layout == "C" and out.layout == "C"):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        da = context.make_array(sig.args[1])(context, builder, args[1])
-        xa = context.make_array(sig.args[4])(context, builder, args[4])
-        oa = context.make_array(sig.args[7])(context, builder, args[7])
+        da, xa, oa = _linked_arrays(context, builder, sig, args, 1, 4, 7)
         code, lo, hi, x0, nx = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (0, 2, 3, 5, 6))
         stride = builder.extract_value(da.strides, 0)
         xs, os_ = builder.extract_value(xa.shape, 1), builder.extract_value(oa.shape, 1)
@@ -127,17 +129,16 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
 @intrinsic
 def order_x(typingctx, x, xp):
     """xp = x with every 32 floats in jit_ir_blocks.group_order's order, the
-    order gemv_fused reads its input rows in (where ORDERED). x and xp are C-contiguous 2-d float32
-    arrays of one shape whose rows are whole groups of 32."""
+    order gemv_fused reads its input rows in (where ORDERED). x and xp are
+    C-contiguous 2-d float32 arrays of one shape whose rows are whole groups
+    of 32."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
                 for a in (x, xp))):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        xa = context.make_array(sig.args[0])(context, builder, args[0])
-        pa = context.make_array(sig.args[1])(context, builder, args[1])
+        xa, pa = _linked_arrays(context, builder, sig, args, 0, 1)
         size = builder.mul(builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1))
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]),
                                             "vkspec_order_x")
