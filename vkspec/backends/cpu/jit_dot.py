@@ -84,15 +84,22 @@ def dot(typingctx, w, x):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        wa, xa = (context.make_array(t)(context, builder, v) for t, v in zip(sig.args, args))
+        wa, xa = linked_arrays(_library, context, builder, sig, args, 0, 1)
         out = cgutils.alloca_once(builder, ir.FloatType())
         builder.call(_declare(builder, 1), [builder.bitcast(wa.data, ptr), builder.bitcast(xa.data, ptr),
                                             ir.Constant(i64, 0), builder.bitcast(out, ptr),
                                             builder.extract_value(xa.shape, 0)])
         return builder.load(out)
     return types.float32(w, x), codegen
+
+
+def linked_arrays(library, context, builder, sig, args, *which):
+    """For an intrinsic's codegen: links library(context) (the generated
+    kernels) into the function being compiled; the array structs of
+    args[which]."""
+    context.active_code_library.add_linking_library(library(context))
+    return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]
 
 
 def call_for_rows(builder, n, most, kernel, args, label):
@@ -121,11 +128,8 @@ def dot_rows(typingctx, w, x, r0, n, out):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr = ir.PointerType(ir.IntType(8))
-        wa = context.make_array(sig.args[0])(context, builder, args[0])
-        xa = context.make_array(sig.args[1])(context, builder, args[1])
-        oa = context.make_array(sig.args[4])(context, builder, args[4])
+        wa, xa, oa = linked_arrays(_library, context, builder, sig, args, 0, 1, 4)
         k = builder.extract_value(xa.shape, 1)
         first = builder.gep(xa.data, [builder.mul(context.cast(builder, args[2], sig.args[2], types.int64), k)])
         n64 = context.cast(builder, args[3], sig.args[3], types.int64)
@@ -146,9 +150,8 @@ def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        aa, pa, va = (context.make_array(sig.args[i])(context, builder, args[i]) for i in range(3))
+        aa, pa, va = linked_arrays(_library, context, builder, sig, args, 0, 1, 2)
         g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(3, 7))
         nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
         stride = builder.mul(nkv, hd)
@@ -171,9 +174,8 @@ def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
         return None
 
     def codegen(context, builder, sig, args):
-        context.active_code_library.add_linking_library(_library(context))
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        ka, qa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 4, 7))
+        ka, qa, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 7)
         g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
                                            for i in (1, 2, 3, 5, 6, 8, 9, 10))
         nkv, hd = builder.extract_value(ka.shape, 1), builder.extract_value(ka.shape, 2)

@@ -21,7 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit_dot import call_for_rows
+from .jit_dot import call_for_rows, linked_arrays
 from .jit_ir import ISA, unpack_ir
 from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, fused_rows, group_order
 
@@ -45,13 +45,6 @@ def _library(context):
     return _LIBRARIES[key]
 
 
-def _linked_arrays(context, builder, sig, args, *which):
-    """Links the generated kernels into the function being compiled; the
-    array structs of args[which]."""
-    context.active_code_library.add_linking_library(_library(context))
-    return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]
-
-
 @intrinsic
 def unpack(typingctx, kind, row, at, out, y, d, m, shift):
     """kind a compile-time constant (Q4_0 .. Q8_0); d, m float32; shift the
@@ -63,7 +56,7 @@ def unpack(typingctx, kind, row, at, out, y, d, m, shift):
 
     def codegen(context, builder, sig, args):
         ptr, f32, i8 = ir.PointerType(ir.IntType(8)), ir.FloatType(), ir.IntType(8)
-        ra, oa = _linked_arrays(context, builder, sig, args, 1, 3)
+        ra, oa = linked_arrays(_library, context, builder, sig, args, 1, 3)
         src = builder.gep(ra.data, [context.cast(builder, args[2], sig.args[2], types.int64)])
         dst = builder.gep(oa.data, [context.cast(builder, args[4], sig.args[4], types.int64)])
         dv = context.cast(builder, args[5], sig.args[5], types.float32)
@@ -99,7 +92,7 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
 
     def codegen(context, builder, sig, args):
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        da, xa, oa = _linked_arrays(context, builder, sig, args, 1, 4, 7)
+        da, xa, oa = linked_arrays(_library, context, builder, sig, args, 1, 4, 7)
         code, lo, hi, x0, nx = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (0, 2, 3, 5, 6))
         stride = builder.extract_value(da.strides, 0)
         xs, os_ = builder.extract_value(xa.shape, 1), builder.extract_value(oa.shape, 1)
@@ -138,7 +131,7 @@ def order_x(typingctx, x, xp):
 
     def codegen(context, builder, sig, args):
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        xa, pa = _linked_arrays(context, builder, sig, args, 0, 1)
+        xa, pa = linked_arrays(_library, context, builder, sig, args, 0, 1)
         size = builder.mul(builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1))
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]),
                                             "vkspec_order_x")
