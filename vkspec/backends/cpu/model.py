@@ -145,9 +145,9 @@ class CpuModel:
         q = q.reshape(n, nh, hd)
         if w.q_norm is not None:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
-        q = ops.rope(q, *self.rope_at(w.rope_theta, pos))
-        self.store_kv(w, k, v, pos, kcache, vcache)
-        out = ops.attend(q, kcache, vcache, np.asarray(pos) + 1, f32(c.scores_scale), w.window)
+        k = self.normed_k(w, k)
+        out = ops.rope_attend(q, k, v.reshape(k.shape), *self.rope_at(w.rope_theta, pos), kcache, vcache, pos,
+                              f32(c.scores_scale), w.window)
         out = out.reshape(n, nh * hd)
         if w.gated:
             out = out * ops.sigmoid(gate)
@@ -168,13 +168,15 @@ class CpuModel:
 
     def store_kv(self, w: AttnW, k, v, pos, kcache, vcache):
         """Projected keys, normed and rotated, and values into the cache at pos."""
-        c = self.cfg
-        n, nkv, hd = k.shape[0], c.num_key_value_heads, c.head_dim
-        k = k.reshape(n, nkv, hd)
-        if w.k_norm is not None:
-            k = ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
+        k = self.normed_k(w, k)
         ops.rope(k, *self.rope_at(w.rope_theta, pos), cache=kcache, pos=pos)
-        vcache[pos] = v.reshape(n, nkv, hd)         # the values enter the cache as they are (rope.comp's rot 0)
+        vcache[pos] = v.reshape(k.shape)            # the values enter the cache as they are (rope.comp's rot 0)
+
+    def normed_k(self, w: AttnW, k):
+        """Projected keys (n, nkv * hd) as (n, nkv, hd), k_norm applied where the layer has one."""
+        c = self.cfg
+        k = k.reshape(k.shape[0], c.num_key_value_heads, c.head_dim)
+        return k if w.k_norm is None else ops.rmsnorm(k, w.k_norm, c.rms_norm_eps)
 
     def rope_at(self, theta, pos):
         """The cos and sin rows of RoPE base theta at the block's positions,

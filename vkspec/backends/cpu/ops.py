@@ -4,8 +4,9 @@ the same name (gemv <-> gemv.comp; a shader's variants are one function, or
 deltanet.comp's prep), built only from vkspec.exact. tests/test_twins.py
 holds every shader to a function here.
 
-The helpers below the twins (expert_mlps, attend_row, vecmats, l2norm,
-deltanet_step) are pieces of those definitions, not shaders of their own.
+The helpers below the twins (expert_mlps, rope_attend, attend_row, vecmats,
+l2norm, deltanet_step) are pieces or compositions of those definitions, not
+shaders of their own.
 """
 
 from __future__ import annotations
@@ -179,6 +180,20 @@ def attend(q, kc, vc, lens, scale, window: int = 0) -> np.ndarray:
     # each reading only its own keys. A row's keys past its length or before
     # its window are never read; keys keep their lanes (position mod 128).
     return jit_attend.attend(q, kc, vc, lens, window_start(lens, window), scale)
+
+
+def rope_attend(q, k, v, cos, sin, kc, vc, pos, scale, window: int = 0) -> np.ndarray:
+    """A block's attention with its own keys: k rotated into kc and v into
+    vc at rows pos (rope's cache variant, the values as they are), then
+    attend of q rotated, row i over keys up to pos[i]. q (n, nh, hd), k and
+    v (n, nkv, hd), cos and sin (n, rd). The compiled path does the three in
+    one call (jit_attend._attend: the same kernels, the same bits)."""
+    lens = np.asarray(pos) + 1
+    if not jit.enabled():
+        rope(k, cos, sin, cache=kc, pos=pos)
+        vc[pos] = v
+        return attend(rope(q, cos, sin), kc, vc, lens, scale, window)
+    return jit_attend.attend(q, kc, vc, lens, window_start(lens, window), scale, new=(k, v, cos, sin, pos))
 
 
 def attend_row(q, kc, vc, scale, window: int = 0) -> np.ndarray:
