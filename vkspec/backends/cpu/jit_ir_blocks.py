@@ -137,7 +137,15 @@ def _byte(name: str, base: str, at: int) -> list[str]:
 
 def _nibbles(t: str, at: str, order) -> list[str]:
     """%q{t} <32 x i32>: the low nibbles of 16 bytes, then their high
-    nibbles (values 0..15, 16..31), in the given order."""
+    nibbles (values 0..15, 16..31), in the given order. In column order the
+    bytes are widened first, so each 8 values are one widening load and one
+    mask or shift (AVX2's vpmovzxbd from memory) rather than byte masks,
+    shuffles and four widenings."""
+    if order == COLUMNS:
+        return [f"  %v{t} = load <16 x i8>, ptr {at}, align 1", f"  %vw{t} = zext <16 x i8> %v{t} to <16 x i32>",
+                f"  %lo{t} = and <16 x i32> %vw{t}, {_consts([15] * 16)}",
+                f"  %hi{t} = lshr <16 x i32> %vw{t}, {_consts([4] * 16)}",
+                f"  %q{t} = shufflevector <16 x i32> %lo{t}, <16 x i32> %hi{t}, <32 x i32> {_consts(range(32))}"]
     return [f"  %v{t} = load <16 x i8>, ptr {at}, align 1",
             f"  %lo{t} = and <16 x i8> %v{t}, {_consts([15] * 16, 'i8')}",
             f"  %hi{t} = lshr <16 x i8> %v{t}, {_consts([4] * 16, 'i8')}",
