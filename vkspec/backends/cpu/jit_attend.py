@@ -38,11 +38,12 @@ F = np.float32
 
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
-def _attend(q, nh, kc, vc, lens, starts, base, scale, out, k, v, cos, sin, pos):
+def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
     """out[r, h] = the attention of query row r * nh + h of q (n * nh, hd)
-    over keys starts[r]..lens[r]-1 of its KV head; keys are read from
-    ``base`` (a multiple of 128, at or before every start), so key t takes
-    lane (t - base) % 128 = t % 128.
+    over keys starts[r]..lens[r]-1 of its KV head, starts[r] the row's
+    window start (ops.window_start); keys are read from ``base`` (a multiple
+    of 128, at or before every start), so key t takes lane (t - base) % 128
+    = t % 128.
 
     With the block's own keys (k, v (n, nkv, hd); none: zero rows), q and k
     are first rotated by jit_math._rope_rows (ops.rope) and k, v written to
@@ -59,6 +60,11 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out, k, v, cos, sin, pos):
         for r in range(n):
             kc[pos[r]] = kr[r]
             vc[pos[r]] = v[r]
+    starts = np.zeros(n, np.int64)
+    for r in range(n):
+        if window:
+            starts[r] = max(lens[r] - window, 0)
+    base = starts.min() // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
     span = 0
     for r in range(n):
         span = max(span, lens[r] - base)
@@ -90,26 +96,24 @@ def _attend(q, nh, kc, vc, lens, starts, base, scale, out, k, v, cos, sin, pos):
 _NONE3, _NONE2, _NO_POS = np.zeros((0, 1, 1), F), np.zeros((0, 1), F), np.zeros(0, np.int64)
 
 
-def attend(q, kc, vc, lens, starts, scale, new=None) -> np.ndarray:
+def attend(q, kc, vc, lens, window, scale, new=None) -> np.ndarray:
     """ops.attend's compiled path: q (n, nh, hd), kc and vc (L, nkv, hd)
-    caches (read in place when C-contiguous float32), row r over
-    keys starts[r]..lens[r]-1. new: (k, v, cos, sin, pos), the block's keys
-    and values and its RoPE rows, for ops.rope_attend (q not yet rotated;
-    the caches then C-contiguous float32, written in place)."""
-    lens = np.ascontiguousarray(lens, dtype=np.int64)
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    base = int(starts.min()) // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
+    caches (read in place when C-contiguous float32), row r over its keys
+    up to lens[r] (the last `window` of them, 0: all). new: (k, v, cos,
+    sin, pos), the block's keys and values and its RoPE rows, for
+    ops.rope_attend (q not yet rotated; the caches then C-contiguous
+    float32, written in place)."""
     n, nh, hd = q.shape
     out = np.empty(q.shape, F)
     if new is None:
         kc, vc = (np.ascontiguousarray(c, dtype=F) for c in (kc, vc))
         k, v, cos, sin, pos = _NONE3, _NONE3, _NONE2, _NONE2, _NO_POS
     else:                                       # the caches are written: no copies
-        assert all(c.dtype == F and c.flags.c_contiguous for c in (kc, vc))
+        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
         k, v, cos, sin = (np.ascontiguousarray(a, dtype=F) for a in new[:4])
         pos = np.ascontiguousarray(new[4], dtype=np.int64)
-    _attend(np.ascontiguousarray(q, dtype=F).reshape(n * nh, hd), nh, kc, vc, lens, starts, base, F(scale), out,
-            k, v, cos, sin, pos)
+    _attend(np.ascontiguousarray(q, dtype=F).reshape(n * nh, hd), nh, kc, vc,
+            np.ascontiguousarray(lens, dtype=np.int64), int(window), F(scale), out, k, v, cos, sin, pos)
     return out
 
 
@@ -117,6 +121,6 @@ def machine_code() -> str:
     """The kernel's assembly, compiled afresh (numba cannot show cached code)."""
     fresh = njit(parallel=True, boundscheck=False, error_model="numpy")(_attend.py_func)
     kc = np.ones((9, 1, 8), F)
-    fresh(np.ones((4, 8), F), 2, kc, kc, np.array([9, 5]), np.array([0, 2]), 0, F(0.5), np.empty((2, 2, 8), F),
+    fresh(np.ones((4, 8), F), 2, kc, kc, np.array([9, 5]), 7, F(0.5), np.empty((2, 2, 8), F),
           np.ones((2, 1, 8), F), np.ones((2, 1, 8), F), np.ones((2, 8), F), np.ones((2, 8), F), np.array([7, 8]))
     return "\n".join(fresh.inspect_asm().values())

@@ -98,8 +98,10 @@ gelu_tanh1 = njit(**_JIT)(exact._gelu_tanh)
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
-def _elementwise_kernel(x, out, op):
-    """out = ELEMENTWISE[op](x) over flat arrays (op as in core_eval.comp).
+def _elementwise_kernel(x, out, op, times):
+    """out = ELEMENTWISE[op](x) over flat arrays (op as in core_eval.comp),
+    then out * times where times has x's size (the gated MLP's silu(g) * u,
+    the same product as NumPy's after the call; empty: none).
 
     sigmoid, silu and gelu_tanh go in stages, each a loop of its own
     (exact._sigmoid's recip(1 + exp(-v)), then exact._silu's x * that, or
@@ -117,6 +119,9 @@ def _elementwise_kernel(x, out, op):
         if op != 4:
             for i in range(x.size):
                 out[i] = x[i] * out[i]
+        if times.size == x.size:
+            for i in range(x.size):
+                out[i] = out[i] * times[i]
         return
     for i in range(x.size):
         v = x[i]
@@ -140,14 +145,19 @@ def _elementwise_kernel(x, out, op):
             out[i] = gelu_tanh1(v)
 
 
+_NO_TIMES = np.zeros(0, F)
+
+
 def _elementwise(op: int, name: str):
-    def f(x) -> np.ndarray:
+    def f(x, times=None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=F)
         out = np.empty_like(x)
-        _elementwise_kernel(x.reshape(-1), out.reshape(-1), op)
+        t = _NO_TIMES if times is None else np.ascontiguousarray(times, dtype=F).reshape(-1)
+        assert t.size in (0, x.size)
+        _elementwise_kernel(x.reshape(-1), out.reshape(-1), op, t)
         return out
     f.__name__ = name
-    f.__doc__ = f"exact.{name}, compiled."
+    f.__doc__ = f"exact.{name}, compiled (times: then multiplied by it, element by element)."
     return f
 
 
@@ -322,7 +332,7 @@ def machine_code() -> str:
     """The assembly of every compiled function here, compiled afresh for
     small arguments (numba cannot show cached code)."""
     x, w = np.ones((2, 9), F), np.ones(9, F)
-    calls = ((_elementwise_kernel, (w, np.empty(9, F), 0)),
+    calls = ((_elementwise_kernel, (w, np.empty(9, F), 5, w)),
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
              (_softmax_rows, (x, np.array([9, 4]), np.array([0, 1]), np.empty_like(x))),
              (_rope_rows, (np.ones((2, 3, 8), F), np.ones((2, 6), F), np.ones((2, 6), F), np.empty((2, 3, 8), F))),

@@ -67,12 +67,16 @@ def bias_add(x, b, acc=None) -> np.ndarray:
 
 
 def silu_mul(g, u) -> np.ndarray:
-    """The gated MLP's activation."""
+    """The gated MLP's activation (compiled: the product in the same call)."""
+    if jit.enabled() and np.shape(g) == np.shape(u):
+        return jit_math.silu(g, times=u)
     return _m().silu(g) * u
 
 
 def gelu_mul(g, u) -> np.ndarray:
     """The GELU-tanh gated MLP's activation (Gemma 3): gelu_tanh(g) * u."""
+    if jit.enabled() and np.shape(g) == np.shape(u):
+        return jit_math.gelu_tanh(g, times=u)
     return _m().gelu_tanh(g) * u
 
 
@@ -179,7 +183,7 @@ def attend(q, kc, vc, lens, scale, window: int = 0) -> np.ndarray:
     # The compiled path (jit_attend): one work item per row and query head,
     # each reading only its own keys. A row's keys past its length or before
     # its window are never read; keys keep their lanes (position mod 128).
-    return jit_attend.attend(q, kc, vc, lens, window_start(lens, window), scale)
+    return jit_attend.attend(q, kc, vc, lens, window, scale)
 
 
 def rope_attend(q, k, v, cos, sin, kc, vc, pos, scale, window: int = 0) -> np.ndarray:
@@ -193,7 +197,7 @@ def rope_attend(q, k, v, cos, sin, kc, vc, pos, scale, window: int = 0) -> np.nd
         rope(k, cos, sin, cache=kc, pos=pos)
         vc[pos] = v
         return attend(rope(q, cos, sin), kc, vc, lens, scale, window)
-    return jit_attend.attend(q, kc, vc, lens, window_start(lens, window), scale, new=(k, v, cos, sin, pos))
+    return jit_attend.attend(q, kc, vc, lens, window, scale, new=(k, v, cos, sin, pos))
 
 
 def attend_row(q, kc, vc, scale, window: int = 0) -> np.ndarray:
