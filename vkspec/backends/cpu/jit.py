@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from ... import exact
 from . import jit_dot
-from .jit_dot import MAX_ROWS, dot_rows
+from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, dot_rows
 
 BLOCK = 32                  # weight rows per parallel work item
 
@@ -60,7 +60,7 @@ def _finish(acc, s, used):
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _gemv(w, x, out):
-    """out[r, m] = dot(x[r], w[m]) over x's width; up to MAX_ROWS rows share
+    """out[r, m] = dot(x[r], w[m]) over x's width; up to DOT_ROWS rows share
     each weight load (jit_dot.dot_rows)."""
     rows, n = w.shape[0], x.shape[0]
     for b in prange((rows + BLOCK - 1) // BLOCK):
@@ -68,7 +68,7 @@ def _gemv(w, x, out):
         for m in range(b * BLOCK, min(rows, b * BLOCK + BLOCK)):
             r = 0
             while r < n:
-                c = min(MAX_ROWS, n - r)
+                c = chunk_rows(n - r, DOT_ROWS)
                 dot_rows(w[m], x, r, c, got)
                 for j in range(c):
                     out[r + j, m] = got[j]

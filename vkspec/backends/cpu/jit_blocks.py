@@ -22,7 +22,7 @@ from numba import njit, prange
 from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
-from .jit_dot import MAX_ROWS, dot_rows
+from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, dot_rows
 from .jit_ir_blocks import CODES
 from .jit_unpack import FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, order_x, unpack
 
@@ -253,7 +253,7 @@ def _decode_256(code, row, cols, out):
 @njit(inline="always", boundscheck=False, error_model="numpy")
 def _rows(code, data, scales, x, xp, out, lo, hi):
     """out[r, m] = dot(x[r], row m's values) for stored rows lo <= m < hi; up
-    to MAX_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows).
+    to DOT_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows).
     xp: x in the fused kernels' order (order_x), where they run."""
     n, cols = x.shape[0], x.shape[1]
     if n <= FUSED_ROWS and FUSED[code]:              # decoded onto the lanes, no buffer (jit_ir_blocks)
@@ -265,7 +265,7 @@ def _rows(code, data, scales, x, xp, out, lo, hi):
         decode_row(code, data[m], scales[m], cols, buf)
         r = 0
         while r < n:
-            c = min(MAX_ROWS, n - r)
+            c = chunk_rows(n - r, DOT_ROWS)
             dot_rows(buf, x, r, c, got)
             for j in range(c):
                 out[r + j, m] = got[j]

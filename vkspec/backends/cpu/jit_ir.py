@@ -13,6 +13,18 @@ MAX_ROWS = 8
 # floats per vector register, and vector registers the accumulators may take
 ISAS = {"avx512": (16, 24), "avx2": (8, 10), "plain": (4, 10)}
 FIN = 16                    # the finish reads the parked lanes 16 at a time
+# rows one dot call takes where a caller has more: past 4, AVX2's passes
+# (8 or 16) each read their share of every row, and the rows stop fitting
+# L1 (Zen 3, one core, ns per row and weight row at 1536 columns: 4 rows
+# 94, 5 rows 119, 8 rows 249; at 576: 57, 52, 75)
+BEST_ROWS = {"avx512": 8, "avx2": 4, "plain": 4}
+
+
+def chunk_rows(rest: int, best: int) -> int:
+    """Rows for the next dot call when `rest` remain: the calls as few as
+    take at most `best` rows each, and as even as can be (5, 4: 3 then 2).
+    Also compiled (jit_dot registers it for numba)."""
+    return -(-rest // -(-rest // best))
 
 
 def host_isa() -> str:

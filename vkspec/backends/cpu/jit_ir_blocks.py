@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
-from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, narrow, scores_ir, unpack_ir, values_ir
+from .jit_ir import BEST_ROWS, ISA, ISAS, MAX_ROWS, _consts, chunk_rows, _ir, finish, narrow, scores_ir, unpack_ir, values_ir
 
 
 @dataclass(frozen=True)
@@ -350,8 +350,8 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
 def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
     """vkspec_gemv<n>_<fmt> for more rows than the lanes of a decoding pass
     hold in registers (AVX2 past 2 rows): each weight row is decoded whole
-    into a stack buffer (its scales widened once), then jit_ir's dot of n
-    rows reads it in its own lane passes. Decoding onto the lanes instead
+    into a stack buffer (its scales widened once), then jit_ir's dots of
+    up to BEST_ROWS rows read it in their own lane passes. Decoding onto the lanes instead
     would take 8 or 16 passes, each widening its blocks' f16 scales again
     and decoding a quarter or less of each group (measured on a Zen 3 at 5
     rows: 1.6x the staged kernel's time). The values and the dot are the
@@ -388,7 +388,11 @@ def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
         L += ["  br label %dot"]
     else:
         L += ["  br label %dot"]
-    L += ["dot:", f"  call void @vkspec_staged_dot{n}(ptr %wb, ptr %x, i64 %xs, ptr %got, i64 %cols)"]
+    L.append("dot:")
+    for r0, c in _chunks(n, isa):                                     # the buffer stays in L1 between them
+        L += [f"  %xc{r0} = mul i64 %xs, {r0}", f"  %xr{r0} = getelementptr float, ptr %x, i64 %xc{r0}",
+              f"  %gr{r0} = getelementptr float, ptr %got, i64 {r0}",
+              f"  call void @vkspec_staged_dot{c}(ptr %wb, ptr %xr{r0}, i64 %xs, ptr %gr{r0}, i64 %cols)"]
     for r in range(n):
         L += [f"  %gp{r} = getelementptr float, ptr %got, i64 {r}", f"  %gv{r} = load float, ptr %gp{r}, align 4",
               f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m",
@@ -397,13 +401,24 @@ def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
                 "  br i1 %last, label %done, label %row", "done:", "  ret void", "}"]
 
 
+def _chunks(n: int, isa: str) -> list[tuple[int, int]]:
+    """(first row, rows) of the dot calls a staged kernel of n rows makes:
+    as few as take at most jit_ir.BEST_ROWS each, as even as can be (5: 3 + 2)."""
+    out, r0 = [], 0
+    while r0 < n:
+        c = chunk_rows(n - r0, BEST_ROWS[isa])
+        out.append((r0, c))
+        r0 += c
+    return out
+
+
 def _staged_dots(isa: str) -> list[str]:
     """jit_ir's dot kernels for the staged row counts, as this module's own
     (internal) functions: the dot library links its own copies elsewhere.
     Not inlined: one copy serves the seven formats (compiles in ~8 s less)."""
-    staged = [n for n in range(1, fused_rows(isa) + 1) if not fused_passes(n, isa)]
+    sizes = {c for n in range(1, fused_rows(isa) + 1) if not fused_passes(n, isa) for _, c in _chunks(n, isa)}
     out, declares = [], set()
-    for n in staged:
+    for n in sorted(sizes):
         head = "(ptr %w, ptr %x, i64 %xs, ptr %out, i64 %k) {"
         text = _ir(n, isa).replace(f"define void @vkspec_dot{n}{head}",
                                    f"define internal void @vkspec_staged_dot{n}{head[:-1]}noinline {{")
