@@ -60,11 +60,12 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
         for r in range(n):
             kc[pos[r]] = kr[r]
             vc[pos[r]] = v[r]
-    starts = np.zeros(n, np.int64)
+    starts = np.empty(n, np.int64)              # loops, not array expressions: those would be parallel loops
+    first = lens[0]
     for r in range(n):
-        if window:
-            starts[r] = max(lens[r] - window, 0)
-    base = starts.min() // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
+        starts[r] = max(lens[r] - window, 0) if window else 0
+        first = min(first, starts[r])
+    base = first // exact.REDUCE_STRIDE * exact.REDUCE_STRIDE
     span = 0
     for r in range(n):
         span = max(span, lens[r] - base)
