@@ -49,7 +49,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from .jit_ir import BEST_ROWS, ISA, MAX_ROWS, _ir, chunk_rows, scores_ir, values_ir  # noqa: F401  (ISA, MAX_ROWS: for callers)
+from .jit_ir import BEST_ROWS, ISA, MAX_ROWS, _ir, chunk_rows, scores_ir, values_ir  # noqa: F401  (for callers)
 
 DOT_ROWS = BEST_ROWS[ISA]   # rows a dot_rows call takes where a caller has more (chunk_rows)
 register_jitable(chunk_rows)

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
-from .jit_ir import BEST_ROWS, ISA, ISAS, MAX_ROWS, _consts, chunk_rows, _ir, finish, narrow, scores_ir, unpack_ir, values_ir
+from .jit_ir import (BEST_ROWS, ISA, ISAS, MAX_ROWS, _consts, _ir, chunk_rows, finish, narrow, scores_ir, unpack_ir,
+                     values_ir)
 
 
 @dataclass(frozen=True)
@@ -351,11 +352,11 @@ def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
     """vkspec_gemv<n>_<fmt> for more rows than the lanes of a decoding pass
     hold in registers (AVX2 past 2 rows): each weight row is decoded whole
     into a stack buffer (its scales widened once), then jit_ir's dots of
-    up to BEST_ROWS rows read it in their own lane passes. Decoding onto the lanes instead
-    would take 8 or 16 passes, each widening its blocks' f16 scales again
-    and decoding a quarter or less of each group (measured on a Zen 3 at 5
-    rows: 1.6x the staged kernel's time). The values and the dot are the
-    same: _group's, and exact.dot's order over the buffer."""
+    up to BEST_ROWS rows read it in their own lane passes. Decoding onto
+    the lanes instead would take 8 or 16 passes, each widening its blocks'
+    f16 scales again and decoding a quarter or less of each group (on a Zen
+    3 at 5 rows: 1.6x the staged kernel's time). The values and the dot are
+    the same: _group's, and exact.dot's order over the buffer."""
     f = FORMATS[fmt]
     assert group_order(isa) == COLUMNS
     per = 4 if f.values == 32 else 8                                  # groups per unit
