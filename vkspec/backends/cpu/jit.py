@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
+from . import numba_cache  # noqa: I001  (first: where numba caches)
 from numba import njit, prange
 
 from ... import exact
@@ -120,7 +120,6 @@ def gemv(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def machine_code() -> str:
-    """The kernel's assembly, compiled afresh (numba cannot show cached code)."""
-    gemv_ = njit(parallel=True, boundscheck=False, error_model="numpy")(_gemv.py_func)
-    gemv_(np.zeros((BLOCK, 256), np.float32), np.zeros((2, 200), np.float32), np.empty((2, BLOCK), np.float32))
-    return "\n".join(list(gemv_.inspect_asm().values()) + [jit_dot.machine_code()])
+    """The kernel's assembly and the dot IR's (numba_cache.machine_code)."""
+    example = np.zeros((BLOCK, 256), np.float32), np.zeros((2, 200), np.float32), np.empty((2, BLOCK), np.float32)
+    return "\n".join(numba_cache.machine_code(_gemv, *example) + [jit_dot.machine_code()])

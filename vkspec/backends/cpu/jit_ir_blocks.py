@@ -1,5 +1,5 @@
 """LLVM IR for the GEMV over GGUF blocks, generated for an ISA:
-vkspec_gemv<n>_<fmt>, n <= fused_rows() input rows against every weight row,
+vkspec_gemv<n>_<fmt>, n <= MAX_ROWS input rows against every weight row,
 with the weight values never written anywhere (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 Q4_K, Q6_K: what SmolLM2, Llama and Gemma GGUFs hold).
 
@@ -254,12 +254,6 @@ def fused_passes(n: int, isa: str = ISA) -> int:
     return next((p for p in (1, 2, 4) if n * (32 // V) * (4 // p) <= budget), 0)
 
 
-def fused_rows(isa: str = ISA) -> int:
-    """The most input rows one block GEMV call takes (up to MAX_ROWS: past
-    fused_passes' reach, staged)."""
-    return MAX_ROWS
-
-
 def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
     """vkspec_gemv<n>_<fmt>(w, row_stride, x, x_stride, out, out_stride, rows, groups):
     out[r * out_stride + m] = dot(x[r * x_stride:][:32 groups], row m's
@@ -417,7 +411,7 @@ def _staged_dots(isa: str) -> list[str]:
     """jit_ir's dot kernels for the staged row counts, as this module's own
     (internal) functions: the dot library links its own copies elsewhere.
     Not inlined: one copy serves the seven formats (compiles in ~8 s less)."""
-    sizes = {c for n in range(1, fused_rows(isa) + 1) if not fused_passes(n, isa) for _, c in _chunks(n, isa)}
+    sizes = {c for n in range(1, MAX_ROWS + 1) if not fused_passes(n, isa) for _, c in _chunks(n, isa)}
     out, declares = [], set()
     for n in sorted(sizes):
         head = "(ptr %w, ptr %x, i64 %xs, ptr %out, i64 %k) {"
@@ -465,7 +459,7 @@ def _order_x_ir(order) -> list[str]:
 def blocks_ir(isa: str = ISA) -> str:
     out = _f16_ir(isa) + _order_x_ir(group_order(isa)) + _staged_dots(isa)
     for fmt in FORMATS:
-        for n in range(1, fused_rows(isa) + 1):
+        for n in range(1, MAX_ROWS + 1):
             out += _gemv_ir(fmt, n, isa)
     return "\n".join(out) + "\n"
 

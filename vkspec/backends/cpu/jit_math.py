@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
+from . import numba_cache  # noqa: I001  (first: where numba caches)
 from numba import njit, types
 from numba.extending import intrinsic, overload, register_jitable
 
@@ -92,9 +92,7 @@ for _f in exact.FORMULAS:
     register_jitable(_f)
 
 exp1, log1, recip1, rsqrt1 = (njit(**_JIT)(f) for f in (exact._exp, exact._log, exact._recip, exact._rsqrt))
-sigmoid1, silu1, softplus1, log1p1 = (njit(**_JIT)(f) for f in (exact._sigmoid, exact._silu, exact._softplus,
-                                                                exact._log1p))
-gelu_tanh1 = njit(**_JIT)(exact._gelu_tanh)
+silu1, softplus1, log1p1 = (njit(**_JIT)(f) for f in (exact._silu, exact._softplus, exact._log1p))
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
@@ -119,30 +117,24 @@ def _elementwise_kernel(x, out, op, times):
         if op != 4:
             for i in range(x.size):
                 out[i] = x[i] * out[i]
-        if times.size == x.size:
-            for i in range(x.size):
-                out[i] = out[i] * times[i]
-        return
-    for i in range(x.size):
-        v = x[i]
-        if op == 0:
-            out[i] = exp1(v)
-        elif op == 1:
-            out[i] = log1(v)
-        elif op == 2:
-            out[i] = recip1(v)
-        elif op == 3:
-            out[i] = rsqrt1(v)
-        elif op == 4:
-            out[i] = sigmoid1(v)
-        elif op == 5:
-            out[i] = silu1(v)
-        elif op == 6:
-            out[i] = softplus1(v)
-        elif op == 7:
-            out[i] = log1p1(v)
-        else:
-            out[i] = gelu_tanh1(v)
+    else:
+        for i in range(x.size):
+            v = x[i]
+            if op == 0:
+                out[i] = exp1(v)
+            elif op == 1:
+                out[i] = log1(v)
+            elif op == 2:
+                out[i] = recip1(v)
+            elif op == 3:
+                out[i] = rsqrt1(v)
+            elif op == 6:
+                out[i] = softplus1(v)
+            else:
+                out[i] = log1p1(v)
+    if times.size == x.size:
+        for i in range(x.size):
+            out[i] = out[i] * times[i]
 
 
 _NO_TIMES = np.zeros(0, F)
@@ -329,8 +321,7 @@ def rope(x, cos, sin) -> np.ndarray:
 
 
 def machine_code() -> str:
-    """The assembly of every compiled function here, compiled afresh for
-    small arguments (numba cannot show cached code)."""
+    """The assembly of every compiled function here (numba_cache.machine_code)."""
     x, w = np.ones((2, 9), F), np.ones(9, F)
     calls = ((_elementwise_kernel, (w, np.empty(9, F), 5, w)),
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
@@ -339,9 +330,4 @@ def machine_code() -> str:
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
                                np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))))
-    code = []
-    for d, args in calls:
-        fresh = njit(boundscheck=False, error_model="numpy")(d.py_func)
-        fresh(*args)
-        code += list(fresh.inspect_asm().values())
-    return "\n".join(code)
+    return "\n".join(code for d, args in calls for code in numba_cache.machine_code(d, *args))

@@ -21,11 +21,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit_dot import call_for_rows, linked_arrays
+from .jit_dot import MAX_ROWS, call_for_rows, linked_arrays
 from .jit_ir import ISA, unpack_ir
-from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, fused_rows, group_order
+from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, group_order
 
-FUSED_ROWS = fused_rows()
+FUSED_ROWS = MAX_ROWS                             # every ISA (past fused_passes' reach, staged)
 ORDERED = group_order(ISA) != COLUMNS             # gemv_fused reads its input rows through order_x
 
 Q4_0, Q4_1, Q4_K, Q8_0 = 0, 1, 2, 3

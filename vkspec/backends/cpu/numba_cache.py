@@ -21,3 +21,17 @@ from .jit_ir_blocks import ir_digest
 
 if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR"):
     os.environ["NUMBA_CACHE_DIR"] = str(cache_root() / "numba" / f"{ISA}-{ir_digest()}")
+
+
+def machine_code(kernel, *example) -> list[str]:
+    """A kernel's assembly: of its overloads compiled in this process if it
+    has any, else of a fresh copy compiled for the example arguments. numba
+    cannot show code it loaded from this cache, and a fresh copy of a block
+    kernel takes ~40 s to compile (tests on an empty cache reuse theirs)."""
+    from numba import njit
+    compiled = [sig for sig in kernel.signatures if kernel.stats.cache_misses[sig]]
+    if compiled:
+        return [kernel.inspect_asm(signature=sig) for sig in compiled]
+    fresh = njit(**kernel.targetoptions)(kernel.py_func)
+    fresh(*example)
+    return list(fresh.inspect_asm().values())
