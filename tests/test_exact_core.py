@@ -380,8 +380,33 @@ print(json.dumps({"isa": jit_dot.ISA, "bad": bad, "asm": asm}))
 """
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "plain"])
-def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
+ISAS = ("avx512", "avx2", "plain")
+
+
+@pytest.fixture(scope="module")
+def isa_checks(request, tmp_path_factory):
+    """ISA_CHECK under each forced width that the session runs, all started
+    at once: each is a numba compile of ~2 min on one core, and the three
+    one after another were ~7 min of the suite on a 2-core machine."""
+    wanted = {item.callspec.params["isa"] for item in request.session.items
+              if item.originalname == "test_every_vector_width_gives_exact_gemv_bits_and_no_fma"}
+    runs = {}
+    for isa in (i for i in ISAS if i in wanted):
+        d = tmp_path_factory.mktemp(f"isa-{isa}")
+        env = dict(os.environ, VKSPEC_CPU_ISA=isa, NUMBA_CACHE_DIR=str(d / "numba"))
+        out, err = open(d / "stdout", "w+"), open(d / "stderr", "w+")
+        runs[isa] = (subprocess.Popen([sys.executable, "-c", ISA_CHECK, os.path.dirname(__file__)], env=env,
+                                      stdout=out, stderr=err, text=True), out, err)
+    yield runs
+    for proc, out, err in runs.values():
+        proc.kill()
+        proc.wait()
+        out.close()
+        err.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, isa_checks):
     """VKSPEC_CPU_ISA forces the dot kernels' vector width and lane passes
     (jit_ir.ISAS); each gives exact.gemv's bits for 1..12 rows and any width,
     the attention attend_row's, and its machine code (the attention's
@@ -389,11 +414,12 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, tmp_path):
     on any x86-64: a wider vector than the host has is split by LLVM; the host's own width is
     one of the three, so the kernels a run uses are among those read.)"""
     import json
-    env = dict(os.environ, VKSPEC_CPU_ISA=isa, NUMBA_CACHE_DIR=str(tmp_path))
-    res = subprocess.run([sys.executable, "-c", ISA_CHECK, os.path.dirname(__file__)], env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    proc, out, err = isa_checks[isa]
+    if proc.wait(timeout=900) != 0:
+        err.seek(0)
+        pytest.fail(err.read()[-3000:])
+    out.seek(0)
+    got = json.loads(out.read().strip().splitlines()[-1])
     assert got["isa"] == isa and got["bad"] == []
     asm = got["asm"]
     assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
