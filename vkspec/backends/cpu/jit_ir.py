@@ -91,18 +91,26 @@ def _ir(rows: int, isa: str = ISA) -> str:
             L += [f"  %n{r}.{g} = fadd {T} %a{r}.{g}, %ps{g}.{r}" for r in R]
         L += [f"  %cn{p} = add i64 %c{p}, 1", f"  br label %loop{p}"]
         # the last, partial step: a slot with no column left is skipped (its
-        # padding would only add +0), one with some is loaded under a mask
+        # padding would only add +0), one it fills whole is loaded plainly, and
+        # one with some columns under a mask (at 576 columns every pass ends in
+        # 64 live columns: masks built there for whole slots were ~1/4 of dot4)
         for i, g in enumerate(slots):
             nxt = f"tail{slots[i + 1]}" if i + 1 < len(slots) else f"park{p}"
             masked = (lambda ptr, g=g: f"call {T} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, "  # noqa: E731
                       f"<{V} x i1> %m{g}, {T} zeroinitializer)")
             L += [f"tail{g}:", f"  %live{g} = icmp ugt i64 %rest, {V * g}",
-                  f"  br i1 %live{g}, label %do{g}, label %join{g}", f"do{g}:",
+                  f"  br i1 %live{g}, label %some{g}, label %join{g}", f"some{g}:",
+                  f"  %whole{g} = icmp uge i64 %rest, {V * g + V}",
+                  f"  br i1 %whole{g}, label %full{g}, label %do{g}", f"full{g}:"]
+            L += fma_free(f"u{g}", g, "%tbase", lambda ptr: f"load {T}, ptr {ptr}, align 4")
+            L += [f"  %u{r}.{g} = fadd {T} %a{r}.{g}, %pu{g}.{r}" for r in R]
+            L += [f"  br label %join{g}", f"do{g}:",
                   f"  %m{g} = icmp ult <{V} x i64> {_consts(range(V * g, V * g + V), 'i64')}, %rs"]
             L += fma_free(f"t{g}", g, "%tbase", masked)
             L += [f"  %t{r}.{g} = fadd {T} %a{r}.{g}, %pt{g}.{r}" for r in R]
             L += [f"  br label %join{g}", f"join{g}:"]
-            L += [f"  %g{r}.{g} = phi {T} [%a{r}.{g}, %tail{g}], [%t{r}.{g}, %do{g}]" for r in R]
+            L += [f"  %g{r}.{g} = phi {T} [%a{r}.{g}, %tail{g}], [%u{r}.{g}, %full{g}], [%t{r}.{g}, %do{g}]"
+                  for r in R]
             L += [f"  br label %{nxt}"]
         L.append(f"park{p}:")
         for r in R:
