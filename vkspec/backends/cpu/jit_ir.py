@@ -70,15 +70,19 @@ def _ir(rows: int, isa: str = ISA) -> str:
         L += [f"  %xo{r} = mul i64 %xs, {r}", f"  %x{r} = getelementptr float, ptr %x, i64 %xo{r}"]
     L.append("  br label %loop0")
 
-    def fma_free(tag, g, base, load):
-        """slot g (columns V*g..) of the step at `base`: acc + x_r * w, w loaded once."""
+    def fma_free(tag, g, base, load, total):
+        """slot g (columns V*g..) of the step at `base`, w loaded once:
+        %<total><r>.<g> = acc + x_r * w for every row r."""
         out = [f"  %o{tag} = add i64 {base}, {V * g}",
                f"  %wp{tag} = getelementptr float, ptr %w, i64 %o{tag}", f"  %w{tag} = {load(f'%wp{tag}')}"]
         for r in R:
             out += [f"  %xp{tag}.{r} = getelementptr float, ptr %x{r}, i64 %o{tag}",
                     f"  %xv{tag}.{r} = {load(f'%xp{tag}.{r}')}",
                     f"  %p{tag}.{r} = fmul {T} %xv{tag}.{r}, %w{tag}"]
-        return out
+        return out + [f"  %{total}{r}.{g} = fadd {T} %a{r}.{g}, %p{tag}.{r}" for r in R]
+
+    def plain(ptr):
+        return f"load {T}, ptr {ptr}, align 4"
 
     for p in range(P):
         prev, slots = ("entry" if p == 0 else f"park{p - 1}"), [p * S + s for s in range(S)]
@@ -87,8 +91,7 @@ def _ir(rows: int, isa: str = ISA) -> str:
         L += [f"  %done{p} = icmp eq i64 %c{p}, %full", f"  br i1 %done{p}, label %tail{slots[0]}, label %step{p}",
               f"step{p}:", f"  %base{p} = shl i64 %c{p}, 7"]
         for g in slots:
-            L += fma_free(f"s{g}", g, f"%base{p}", lambda ptr: f"load {T}, ptr {ptr}, align 4")
-            L += [f"  %n{r}.{g} = fadd {T} %a{r}.{g}, %ps{g}.{r}" for r in R]
+            L += fma_free(f"s{g}", g, f"%base{p}", plain, "n")
         L += [f"  %cn{p} = add i64 %c{p}, 1", f"  br label %loop{p}"]
         # the last, partial step: a slot with no column left is skipped (its
         # padding would only add +0), one it fills whole is loaded plainly, and
@@ -102,12 +105,10 @@ def _ir(rows: int, isa: str = ISA) -> str:
                   f"  br i1 %live{g}, label %some{g}, label %join{g}", f"some{g}:",
                   f"  %whole{g} = icmp uge i64 %rest, {V * g + V}",
                   f"  br i1 %whole{g}, label %full{g}, label %do{g}", f"full{g}:"]
-            L += fma_free(f"u{g}", g, "%tbase", lambda ptr: f"load {T}, ptr {ptr}, align 4")
-            L += [f"  %u{r}.{g} = fadd {T} %a{r}.{g}, %pu{g}.{r}" for r in R]
+            L += fma_free(f"u{g}", g, "%tbase", plain, "u")
             L += [f"  br label %join{g}", f"do{g}:",
                   f"  %m{g} = icmp ult <{V} x i64> {_consts(range(V * g, V * g + V), 'i64')}, %rs"]
-            L += fma_free(f"t{g}", g, "%tbase", masked)
-            L += [f"  %t{r}.{g} = fadd {T} %a{r}.{g}, %pt{g}.{r}" for r in R]
+            L += fma_free(f"t{g}", g, "%tbase", masked, "t")
             L += [f"  br label %join{g}", f"join{g}:"]
             L += [f"  %g{r}.{g} = phi {T} [%a{r}.{g}, %tail{g}], [%u{r}.{g}, %full{g}], [%t{r}.{g}, %do{g}]"
                   for r in R]
