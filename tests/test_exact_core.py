@@ -348,14 +348,14 @@ for k in (4, 124, 128, 132, 576, 1000):
     for n in range(1, 13):
         if jit.gemv(w, x[:n]).tobytes() != exact.gemv(w, x[:n]).tobytes():
             bad.append(("f32", k, n))
-for fmt in ("q4_k", "q6_k", "int8", "q4_0", "q4_1", "q5_1", "q8_0"):
-    cols = 512 if fmt.endswith("_k") else 544       # 17 blocks of 32: a partial last step of 4
-    w = random_weight(fmt, 40, cols, rng)
+for fmt, cols in [(f, 512 if f.endswith("_k") else 544)     # 17 blocks of 32: a partial last step of 4
+                  for f in ("q4_k", "q6_k", "int8", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")] + [("q4_0", 96)]:
+    w = random_weight(fmt, 40, cols, rng)                  # 96: three groups, so a staged pass with none
     x = rng.standard_normal((9, cols)).astype(np.float32)
     from vkspec.formats.matrix import dequantize
-    for n in range(1, 10):                           # the fused kernels' 1..8 rows, and the buffer path
+    for n in range(1, 10):                           # the fused and staged kernels' 1..8 rows, and the buffer path
         if jit_blocks.gemv(w, x[:n]).tobytes() != exact.gemv(dequantize(w), x[:n]).tobytes():
-            bad.append((fmt, n))
+            bad.append((fmt, cols, n))
 sys.path.insert(0, sys.argv[1])
 from test_formats import weights                     # edge blocks: subnormal, inf and NaN scales
 from vkspec.selftest import same_bits                # (NaN payloads are outside the contract)
@@ -423,7 +423,8 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, isa_checks):
     assert got["isa"] == isa and got["bad"] == []
     asm = got["asm"]
     assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
-    for kernel in ("vkspec_gemv1_q4_1", "vkspec_value_lanes", "vkspec_scores"):   # the fused GEMV, attention's
+    for kernel in ("vkspec_gemv1_q4_1", "vkspec_gemv8_q8_0",      # a fused GEMV, a staged one (AVX2, plain)
+                   "vkspec_value_lanes", "vkspec_scores"):       # and attention's
         assert f"{kernel}:" in asm, kernel
     for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
         assert family not in asm, family

@@ -24,7 +24,8 @@ from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, dot_rows
 from .jit_ir_blocks import CODES
-from .jit_unpack import FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, gemv_fused, order_x, unpack
+from .jit_unpack import (FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, STAGED, gemv_fused, order_staged,
+                         order_x, unpack)
 
 F = np.float32
 BLOCK = 16                  # weight rows per parallel work item
@@ -254,7 +255,7 @@ def _decode_256(code, row, cols, out):
 def _rows(code, data, scales, x, xp, out, lo, hi):
     """out[r, m] = dot(x[r], row m's values) for stored rows lo <= m < hi; up
     to DOT_ROWS rows of x share each decoded weight vector (jit_dot.dot_rows).
-    xp: x in the fused kernels' order (order_x), where they run."""
+    xp: x in the block kernels' order (order_x, order_staged), where they run."""
     n, cols = x.shape[0], x.shape[1]
     if n <= FUSED_ROWS and FUSED[code]:              # decoded onto the lanes, no buffer (jit_ir_blocks)
         gemv_fused(code, data, lo, hi, xp, 0, n, out)
@@ -297,9 +298,13 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
     second one cost ~30 MB of resident memory."""
     count = codes.shape[0]
     xp = x
-    if ORDERED and x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
-        xp = np.empty_like(x)
-        order_x(x, xp)
+    if x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
+        if STAGED[x.shape[0]]:
+            xp = np.empty_like(x)
+            order_staged(x, xp)
+        elif ORDERED:
+            xp = np.empty_like(x)
+            order_x(x, xp)
     b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
     b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0
     b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0

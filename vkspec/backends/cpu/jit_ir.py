@@ -151,10 +151,10 @@ def finish(r, at: str, index: str) -> list[str]:
     return L + narrow(r, index)
 
 
-def narrow(r, index: str) -> list[str]:
-    """The lane tree's last steps, s[i] + s[i + h] for h = 8, 4, 2, 1, from
-    the 16 sums %s{r}.16, and the result stored to %out[index]."""
-    L, width = [], FIN
+def narrow(r, index: str, width: int = FIN) -> list[str]:
+    """The lane tree's last steps, s[i] + s[i + h] for h = width / 2 .. 1,
+    from the sums %s{r}.<width>, and the result stored to %out[index]."""
+    L = []
     while width > 1:
         h = width // 2
         src = f"<{width} x float> %s{r}.{width}, <{width} x float> poison"

@@ -21,6 +21,9 @@ for 128 lanes of several rows): pass p takes the 32-value groups whose
 b % 4 it owns, in column order, so no group is decoded twice. A last step
 with fewer than 4 groups (32-value formats) leaves the missing lanes alone,
 the same as adding the definition's +0 padding (no lane is ever -0).
+Past the rows a decoding pass holds in registers (AVX2 past 2, plain past
+1) a kernel is staged (_staged_ir): each weight row is decoded once into a
+buffer laid out for the finish, then dotted with every input row.
 
 f16: with F16C (AVX2, AVX-512) ``fpext half`` is exact except that it quiets
 a signalling NaN, so an f16 with exponent 31 takes the bits
@@ -36,8 +39,7 @@ from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
-from .jit_ir import (BEST_ROWS, ISA, ISAS, MAX_ROWS, _consts, _ir, chunk_rows, finish, narrow, scores_ir, unpack_ir,
-                     values_ir)
+from .jit_ir import ISA, ISAS, MAX_ROWS, _consts, _ir, finish, narrow, scores_ir, unpack_ir, values_ir
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,22 @@ def _unit_scales(fmt: str, g: str, unit: str, groups: list[tuple[str, int]], isa
     return L + _halves(g, [(f"{u}.{s}", f"%{u}.{s}p") for s in names], isa)
 
 
+# rows a staged kernel's pass takes: 4 vectors of 8 floats each, with one
+# weight vector and a product beside them (AVX2: 2 rows, 8 of 16 ymm; plain
+# SSE halves the vectors, so 1)
+STAGED_ROWS = {"avx512": 2, "avx2": 2, "plain": 1}
+# the staged kernels' order of a group's 32 values: vector k (positions 8k..)
+# holds columns 4 STAGED_E[i] + k, i = 0..7 (_transposed)
+STAGED_E = (0, 2, 4, 6, 1, 3, 5, 7)
+STAGED_ORDER = tuple(4 * STAGED_E[p % 8] + p // 8 for p in range(32))
+
+
+def staged(n: int, isa: str = ISA) -> bool:
+    """Whether the n-row block GEMV is staged (_staged_ir), reading its input
+    rows through order_staged."""
+    return not fused_passes(n, isa)
+
+
 def fused_passes(n: int, isa: str = ISA) -> int:
     """Lane passes of an n-row block GEMV that decodes onto the lanes: the
     fewest (1, 2 or 4) whose accumulators fit the ISA's register budget; 0
@@ -344,82 +362,117 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
 
 def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
     """vkspec_gemv<n>_<fmt> for more rows than the lanes of a decoding pass
-    hold in registers (AVX2 past 2 rows): each weight row is decoded whole
-    into a stack buffer (its scales widened once), then jit_ir's dots of
-    up to BEST_ROWS rows read it in their own lane passes. Decoding onto
-    the lanes instead would take 8 or 16 passes, each widening its blocks'
-    f16 scales again and decoding a quarter or less of each group (on a Zen
-    3 at 5 rows: 1.6x the staged kernel's time). The values and the dot are
-    the same: _group's, and exact.dot's order over the buffer."""
-    f = FORMATS[fmt]
-    assert group_order(isa) == COLUMNS
+    hold in registers (AVX2 past 2 rows, plain past 1).
+
+    Each weight row is decoded whole into a stack buffer (its scales widened
+    once), every group of 32 values transposed (_transposed) so that vector
+    k of a group holds accumulator k of 8 of exact's lanes: the finish's
+    (a0 + a1) + (a2 + a3), then s[i] + s[i + 16] and s[i] + s[i + 8], are
+    adds of whole 8-float vectors, and only the last three steps move
+    values across a vector. order_staged puts the input rows' groups in the
+    same order, so every lane adds the same products in column order.
+
+    A pass takes group o (of the four a 128-column step holds) of every
+    step for STAGED_ROWS input rows, 4 vectors a row, in registers, and
+    parks each row's 8 sums t[8o..8o+7]. Columns are whole groups (a block
+    format), so there is no partial step: a group past the last keeps +0,
+    the definition's padding.
+
+    Why: the 4-row dot over a column-order buffer (jit_ir._ir) ran 8 lane
+    passes of 16 lanes, each with its own loop and tail, then parked all
+    512 lane sums and read them back for a tree of shuffles (on a Zen 3,
+    3 to 8 verify rows of SmolLM2: T(6)/T(1) 3.0 -> 2.4)."""
+    f, V, R = FORMATS[fmt], 8, range(n)
+    T = f"<{V} x float>"
     per = 4 if f.values == 32 else 8                                  # groups per unit
     ubytes = 4 * f.bytes if f.values == 32 else f.bytes
     L = [f"define void @vkspec_gemv{n}_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, "
          "i64 %rows, i64 %ng) {", "entry:", "  %cols = shl i64 %ng, 5", "  %wb = alloca float, i64 %cols, align 64",
-         f"  %got = alloca [{n} x float], align 4", f"  %full = udiv i64 %ng, {per}", f"  %restg = urem i64 %ng, {per}",
-         f"  %tb = mul i64 %full, {ubytes}", "  %norows = icmp eq i64 %rows, 0",
-         "  br i1 %norows, label %done, label %row", "row:", "  %m = phi i64 [0, %entry], [%mn, %dot]",
-         "  %wo = mul i64 %m, %rs", "  %wrow = getelementptr i8, ptr %w, i64 %wo", "  br label %loop", "loop:",
-         "  %c = phi i64 [0, %row], [%cn, %step]", "  %stop = icmp eq i64 %c, %full",
-         "  br i1 %stop, label %tail, label %step", "step:", f"  %ub = mul i64 %c, {ubytes}",
-         "  %u = getelementptr i8, ptr %wrow, i64 %ub", f"  %col = mul i64 %c, {32 * per}"]
+         f"  %tb = alloca [{4 * n} x {T}], align 64", f"  %full = udiv i64 %ng, {per}", f"  %restg = urem i64 %ng, {per}",
+         f"  %tb0 = mul i64 %full, {ubytes}"]
+    for o in range(4):
+        L += [f"  %ng{o} = add i64 %ng, {3 - o}", f"  %steps{o} = lshr i64 %ng{o}, 2"]
+    for r in R:
+        L += [f"  %xo{r} = mul i64 %xs, {r}", f"  %x{r} = getelementptr float, ptr %x, i64 %xo{r}"]
+    L += ["  %norows = icmp eq i64 %rows, 0", "  br i1 %norows, label %done, label %row", "row:",
+          "  %m = phi i64 [0, %entry], [%mn, %emit]",
+          "  %wo = mul i64 %m, %rs", "  %wrow = getelementptr i8, ptr %w, i64 %wo", "  br label %loop", "loop:",
+          "  %c = phi i64 [0, %row], [%cn, %step]", "  %stop = icmp eq i64 %c, %full",
+          "  br i1 %stop, label %tail, label %step", "step:", f"  %ub = mul i64 %c, {ubytes}",
+          "  %u = getelementptr i8, ptr %wrow, i64 %ub", f"  %col = mul i64 %c, {32 * per}"]
 
     def decoded(unit, col, groups, g):
         out = _unit_scales(fmt, g, unit, groups, isa)
         for t, j in groups:
-            out += _group(fmt, t, unit, j, COLUMNS) + [f"  %wo{t} = add i64 {col}, {32 * j}",
-                                                       f"  %wp{t} = getelementptr float, ptr %wb, i64 %wo{t}",
-                                                       f"  store <32 x float> %w{t}, ptr %wp{t}, align 4"]
+            out += _group(fmt, t, unit, j, COLUMNS) + _transposed(t) + [f"  %wo{t} = add i64 {col}, {32 * j}"]
+            for k in range(4):
+                out += [f"  %wq{t}.{k} = add i64 %wo{t}, {8 * k}", f"  %wp{t}.{k} = getelementptr float, ptr %wb, i64 %wq{t}.{k}",
+                        f"  store <8 x float> %y{t}.{k}, ptr %wp{t}.{k}, align 4"]
         return out
 
     L += decoded("%u", "%col", [(f"z{j}", j) for j in range(per)], "zs") + ["  %cn = add i64 %c, 1",
                                                                              "  br label %loop", "tail:"]
     if f.values == 32:                                                 # the last, partial unit's groups
-        L += ["  %tu = getelementptr i8, ptr %wrow, i64 %tb", "  %tcol = mul i64 %full, 128"]
+        L += ["  %tu = getelementptr i8, ptr %wrow, i64 %tb0", "  %tcol = mul i64 %full, 128"]
         for j in range(per - 1):
-            L += [f"  %live{j} = icmp ult i64 {j}, %restg", f"  br i1 %live{j}, label %do{j}, label %dot", f"do{j}:"]
+            L += [f"  %live{j} = icmp ult i64 {j}, %restg", f"  br i1 %live{j}, label %do{j}, label %p0.0", f"do{j}:"]
             L += decoded("%tu", "%tcol", [(f"y{j}", j)], f"ys{j}")
-        L += ["  br label %dot"]
-    else:
-        L += ["  br label %dot"]
-    L.append("dot:")
-    for r0, c in _chunks(n, isa):                                     # the buffer stays in L1 between them
-        L += [f"  %xc{r0} = mul i64 %xs, {r0}", f"  %xr{r0} = getelementptr float, ptr %x, i64 %xc{r0}",
-              f"  %gr{r0} = getelementptr float, ptr %got, i64 {r0}",
-              f"  call void @vkspec_staged_dot{c}(ptr %wb, ptr %xr{r0}, i64 %xs, ptr %gr{r0}, i64 %cols)"]
-    for r in range(n):
-        L += [f"  %gp{r} = getelementptr float, ptr %got, i64 {r}", f"  %gv{r} = load float, ptr %gp{r}, align 4",
-              f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m",
-              f"  %op{r} = getelementptr float, ptr %out, i64 %om{r}", f"  store float %gv{r}, ptr %op{r}, align 4"]
+    L += ["  br label %p0.0"]
+    sets = [tuple(range(r0, min(n, r0 + STAGED_ROWS[isa]))) for r0 in range(0, n, STAGED_ROWS[isa])]
+    passes = [(i, o) for i in range(len(sets)) for o in range(4)]
+    for q, (i, o) in enumerate(passes):
+        tag, rows = f"{i}.{o}", sets[i]
+        nxt = f"p{passes[q + 1][0]}.{passes[q + 1][1]}" if q + 1 < len(passes) else "emit"
+        acc = [(r, k) for r in rows for k in range(4)]
+        L += [f"p{tag}:", f"  br label %l{tag}", f"l{tag}:", f"  %c{tag} = phi i64 [0, %p{tag}], [%cn{tag}, %b{tag}]"]
+        L += [f"  %a{tag}.{r}.{k} = phi {T} [zeroinitializer, %p{tag}], [%n{tag}.{r}.{k}, %b{tag}]" for r, k in acc]
+        L += [f"  %more{tag} = icmp ult i64 %c{tag}, %steps{o}", f"  br i1 %more{tag}, label %b{tag}, label %f{tag}",
+              f"b{tag}:", f"  %s7{tag} = shl i64 %c{tag}, 7", f"  %off{tag} = add i64 %s7{tag}, {32 * o}"]
+        for k in range(4):
+            at = f"%o{tag}.{k}"
+            L += [f"  {at} = add i64 %off{tag}, {V * k}", f"  %wp{tag}.{k} = getelementptr float, ptr %wb, i64 {at}",
+                  f"  %wv{tag}.{k} = load {T}, ptr %wp{tag}.{k}, align 4"]
+            for r in rows:
+                v = f"{tag}.{r}.{k}"
+                L += [f"  %xp{v} = getelementptr float, ptr %x{r}, i64 {at}", f"  %xv{v} = load {T}, ptr %xp{v}, align 4",
+                      f"  %pr{v} = fmul {T} %xv{v}, %wv{tag}.{k}", f"  %n{v} = fadd {T} %a{v}, %pr{v}"]
+        L += [f"  %cn{tag} = add i64 %c{tag}, 1", f"  br label %l{tag}", f"f{tag}:"]
+        for r in rows:                            # (k0 + k1) + (k2 + k3) of 8 lanes at once
+            v = f"{tag}.{r}"
+            L += [f"  %e{v} = fadd {T} %a{v}.0, %a{v}.1", f"  %g{v} = fadd {T} %a{v}.2, %a{v}.3",
+                  f"  %t{v} = fadd {T} %e{v}, %g{v}",
+                  f"  %tp{v} = getelementptr {T}, ptr %tb, i64 {4 * r + o}", f"  store {T} %t{v}, ptr %tp{v}, align 32"]
+        L.append(f"  br label %{nxt}")
+    L.append("emit:")
+    for r in R:                                   # s[i] = t[i] + t[i + 16], then s[i] + s[i + 8]: vectors
+        t = [f"%tv{r}.{o}" for o in range(4)]
+        for o in range(4):
+            L += [f"  %tq{r}.{o} = getelementptr {T}, ptr %tb, i64 {4 * r + o}", f"  {t[o]} = load {T}, ptr %tq{r}.{o}, align 32"]
+        L += [f"  %sl{r} = fadd {T} {t[0]}, {t[2]}", f"  %sh{r} = fadd {T} {t[1]}, {t[3]}",
+              f"  %s{r}.8 = fadd {T} %sl{r}, %sh{r}", f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m"]
+        L += [f"  %lo{r}.4 = shufflevector {T} %s{r}.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4))}",
+              f"  %hi{r}.4 = shufflevector {T} %s{r}.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4, 8))}",
+              f"  %s{r}.4 = fadd <4 x float> %lo{r}.4, %hi{r}.4"] + narrow(r, f"%om{r}", 4)
     return L + ["  %mn = add i64 %m, 1", "  %last = icmp eq i64 %mn, %rows",
                 "  br i1 %last, label %done, label %row", "done:", "  ret void", "}"]
 
 
-def _chunks(n: int, isa: str) -> list[tuple[int, int]]:
-    """(first row, rows) of the dot calls a staged kernel of n rows makes:
-    as few as take at most jit_ir.BEST_ROWS each, as even as can be (5: 3 + 2)."""
-    out, r0 = [], 0
-    while r0 < n:
-        c = chunk_rows(n - r0, BEST_ROWS[isa])
-        out.append((r0, c))
-        r0 += c
-    return out
-
-
-def _staged_dots(isa: str) -> list[str]:
-    """jit_ir's dot kernels for the staged row counts, as this module's own
-    (internal) functions: the dot library links its own copies elsewhere.
-    Not inlined: one copy serves the seven formats (compiles in ~8 s less)."""
-    sizes = {c for n in range(1, MAX_ROWS + 1) if not fused_passes(n, isa) for _, c in _chunks(n, isa)}
-    out, declares = [], set()
-    for n in sorted(sizes):
-        head = "(ptr %w, ptr %x, i64 %xs, ptr %out, i64 %k) {"
-        text = _ir(n, isa).replace(f"define void @vkspec_dot{n}{head}",
-                                   f"define internal void @vkspec_staged_dot{n}{head[:-1]}noinline {{")
-        for line in text.splitlines():
-            (declares.add(line) if line.startswith("declare") else out.append(line))
-    return out + sorted(declares)
+def _transposed(t: str) -> list[str]:
+    """%y{t}.k (k < 4) <8 x float>: the columns 4 STAGED_E[i] + k of the
+    group %w{t} <32 x float> (column order), i = 0..7: two rounds of
+    two-source shuffles inside 128-bit halves (unpcklps, unpckhps, then
+    their 64-bit halves), the 4x4 transposes AVX2 does in 8 instructions."""
+    T, half = "<8 x float>", lambda a, b, m: f"shufflevector <8 x float> {a}, <8 x float> {b}, <8 x i32> {_consts(m)}"
+    L = [f"  %q{t}.{i} = shufflevector <32 x float> %w{t}, <32 x float> poison, <8 x i32> {_consts(range(8 * i, 8 * i + 8))}"
+         for i in range(4)]
+    lo, hi = (0, 8, 1, 9, 4, 12, 5, 13), (2, 10, 3, 11, 6, 14, 7, 15)
+    L += [f"  %pl{t}.{i} = {half(f'%q{t}.{2 * i}', f'%q{t}.{2 * i + 1}', lo)}" for i in range(2)]
+    L += [f"  %ph{t}.{i} = {half(f'%q{t}.{2 * i}', f'%q{t}.{2 * i + 1}', hi)}" for i in range(2)]
+    first, second = (0, 1, 8, 9, 4, 5, 12, 13), (2, 3, 10, 11, 6, 7, 14, 15)
+    for k, (src, m) in enumerate((("pl", first), ("pl", second), ("ph", first), ("ph", second))):
+        L.append(f"  %y{t}.{k} = {half(f'%{src}{t}.0', f'%{src}{t}.1', m)}")
+    _ = T
+    return L
 
 
 def _finish(r: int, at: int, index: str) -> list[str]:
@@ -443,10 +496,10 @@ def _finish(r: int, at: int, index: str) -> list[str]:
     return L + narrow(r, index)
 
 
-def _order_x_ir(order) -> list[str]:
-    """vkspec_order_x(x, xp, groups): every 32 floats of x (rows of whole
-    groups, one after another) into xp in the given order."""
-    return ["define void @vkspec_order_x(ptr %x, ptr %xp, i64 %groups) {", "entry:",
+def _order_x_ir(name: str, order) -> list[str]:
+    """<name>(x, xp, groups): every 32 floats of x (rows of whole groups,
+    one after another) into xp in the given order."""
+    return [f"define void @{name}(ptr %x, ptr %xp, i64 %groups) {{", "entry:",
             "  %none = icmp eq i64 %groups, 0", "  br i1 %none, label %done, label %loop", "loop:",
             "  %g = phi i64 [0, %entry], [%gn, %loop]", "  %o = mul i64 %g, 32",
             "  %src = getelementptr float, ptr %x, i64 %o", "  %v = load <32 x float>, ptr %src, align 4",
@@ -457,7 +510,7 @@ def _order_x_ir(order) -> list[str]:
 
 
 def blocks_ir(isa: str = ISA) -> str:
-    out = _f16_ir(isa) + _order_x_ir(group_order(isa)) + _staged_dots(isa)
+    out = _f16_ir(isa) + _order_x_ir("vkspec_order_x", group_order(isa)) + _order_x_ir("vkspec_order_staged", STAGED_ORDER)
     for fmt in FORMATS:
         for n in range(1, MAX_ROWS + 1):
             out += _gemv_ir(fmt, n, isa)

@@ -23,10 +23,12 @@ from numba.extending import intrinsic
 
 from .jit_dot import MAX_ROWS, call_for_rows, linked_arrays
 from .jit_ir import ISA, unpack_ir
-from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, group_order
+from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, group_order, staged
 
 FUSED_ROWS = MAX_ROWS                             # every ISA (past fused_passes' reach, staged)
 ORDERED = group_order(ISA) != COLUMNS             # gemv_fused reads its input rows through order_x
+# STAGED[n]: the n-row kernels are staged and read their input rows through order_staged
+STAGED = np.array([n > 0 and staged(n) for n in range(MAX_ROWS + 1)])
 
 Q4_0, Q4_1, Q4_K, Q8_0 = 0, 1, 2, 3
 _NAMES = ("vkspec_q4_0", "vkspec_q4_1", "vkspec_q4_k", "vkspec_q8_0")
@@ -84,8 +86,9 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     """out[x0 + i, m] = dot(x[x0 + i], row m's values) for i < nx (1 <=
     nx <= FUSED_ROWS) and stored rows r0 <= m < r1 of the 2-d block array
     `data`; kind is the format's jit_blocks code, one with FUSED[kind] (any
-    other does nothing). x (where ORDERED, its groups put in order by
-    order_x) and out are C-contiguous 2-d float32 arrays."""
+    other does nothing). x (its groups put in order by order_staged where
+    STAGED[nx], else by order_x where ORDERED) and out are C-contiguous 2-d
+    float32 arrays."""
     if not (all(isinstance(a, types.Array) and a.ndim == 2 for a in (data, x, out)) and data.dtype == types.uint8
             and x.dtype == types.float32 and out.dtype == types.float32 and x.layout == "C" and out.layout == "C"):
         return None
@@ -119,26 +122,31 @@ def gemv_fused(typingctx, kind, data, r0, r1, x, x0, nx, out):
     return types.none(kind, data, r0, r1, x, x0, nx, out), codegen
 
 
-@intrinsic
-def order_x(typingctx, x, xp):
-    """xp = x with every 32 floats in jit_ir_blocks.group_order's order, the
-    order gemv_fused reads its input rows in (where ORDERED). x and xp are
-    C-contiguous 2-d float32 arrays of one shape whose rows are whole groups
-    of 32."""
-    if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
-                for a in (x, xp))):
-        return None
+def _ordering(name: str, doc: str):
+    def order(typingctx, x, xp):
+        if not (all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" and a.dtype == types.float32
+                    for a in (x, xp))):
+            return None
 
-    def codegen(context, builder, sig, args):
-        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        xa, pa = linked_arrays(_library, context, builder, sig, args, 0, 1)
-        size = builder.mul(builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1))
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]),
-                                            "vkspec_order_x")
-        builder.call(fn, [builder.bitcast(xa.data, ptr), builder.bitcast(pa.data, ptr),
-                          builder.udiv(size, ir.Constant(i64, 32))])
-        return context.get_dummy_value()
-    return types.none(x, xp), codegen
+        def codegen(context, builder, sig, args):
+            ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+            xa, pa = linked_arrays(_library, context, builder, sig, args, 0, 1)
+            size = builder.mul(builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1))
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, i64]), name)
+            builder.call(fn, [builder.bitcast(xa.data, ptr), builder.bitcast(pa.data, ptr),
+                              builder.udiv(size, ir.Constant(i64, 32))])
+            return context.get_dummy_value()
+        return types.none(x, xp), codegen
+    order.__doc__ = doc
+    order.__name__ = order.__qualname__ = name.removeprefix("vkspec_")
+    return intrinsic(order)
+
+
+_ROWS = ("x and xp are C-contiguous 2-d float32 arrays of one shape whose rows are whole groups of 32.")
+order_x = _ordering("vkspec_order_x", "xp = x with every 32 floats in jit_ir_blocks.group_order's order, the "
+                    "order gemv_fused's fused kernels read their input rows in (where ORDERED). " + _ROWS)
+order_staged = _ordering("vkspec_order_staged", "xp = x with every 32 floats in jit_ir_blocks.STAGED_ORDER, the "
+                         "order the staged kernels read their input rows in (STAGED). " + _ROWS)
 
 
 def machine_code() -> str:
