@@ -361,8 +361,20 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
 
 
 def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
-    """vkspec_gemv<n>_<fmt> for more rows than the lanes of a decoding pass
-    hold in registers (AVX2 past 2 rows, plain past 1).
+    """vkspec_gemv<n>_<fmt> where a decoding pass cannot hold the n rows'
+    lanes in registers (AVX2 past 2 rows, plain past 1): a call of the
+    format's one staged kernel (_staged_kernel_ir), which takes the row
+    count as an argument (one copy of its code serves 3 to 8 rows: each
+    compiled kernel links its own copy of this library)."""
+    return [f"define void @vkspec_gemv{n}_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, "
+            "i64 %rows, i64 %ng) {", "entry:",
+            f"  call void @vkspec_staged_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, i64 %rows, "
+            f"i64 %ng, i64 {n})", "  ret void", "}"]
+
+
+def _staged_kernel_ir(fmt: str, isa: str) -> list[str]:
+    """vkspec_staged_<fmt>(w, row_stride, x, x_stride, out, out_stride,
+    rows, groups, n): vkspec_gemv<n>_<fmt>'s result for any n >= 1.
 
     Each weight row is decoded whole into a stack buffer (its scales widened
     once), every group of 32 values transposed (_transposed) so that vector
@@ -374,28 +386,27 @@ def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
 
     A pass takes group o (of the four a 128-column step holds) of every
     step for STAGED_ROWS input rows, 4 vectors a row, in registers, and
-    parks each row's 8 sums t[8o..8o+7]. Columns are whole groups (a block
-    format), so there is no partial step: a group past the last keeps +0,
-    the definition's padding.
+    parks each row's 8 sums t[8o..8o+7] (an odd last row has passes of its
+    own).
+    Columns are whole groups (a block format), so there is no partial step:
+    a group past the last keeps +0, the definition's padding.
 
     Why: the 4-row dot over a column-order buffer (jit_ir._ir) ran 8 lane
     passes of 16 lanes, each with its own loop and tail, then parked all
     512 lane sums and read them back for a tree of shuffles (on a Zen 3,
     3 to 8 verify rows of SmolLM2: T(6)/T(1) 3.0 -> 2.4)."""
-    f, V, R = FORMATS[fmt], 8, range(n)
+    f, V, RP = FORMATS[fmt], 8, STAGED_ROWS[isa]
     T = f"<{V} x float>"
     per = 4 if f.values == 32 else 8                                  # groups per unit
     ubytes = 4 * f.bytes if f.values == 32 else f.bytes
-    L = [f"define void @vkspec_gemv{n}_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, "
-         "i64 %rows, i64 %ng) {", "entry:", "  %cols = shl i64 %ng, 5", "  %wb = alloca float, i64 %cols, align 64",
-         f"  %tb = alloca [{4 * n} x {T}], align 64", f"  %full = udiv i64 %ng, {per}", f"  %restg = urem i64 %ng, {per}",
-         f"  %tb0 = mul i64 %full, {ubytes}"]
+    L = [f"define internal void @vkspec_staged_{fmt}(ptr %w, i64 %rs, ptr %x, i64 %xs, ptr %out, i64 %os, "
+         "i64 %rows, i64 %ng, i64 %n) noinline {", "entry:", "  %cols = shl i64 %ng, 5",
+         "  %wb = alloca float, i64 %cols, align 64", "  %nt = shl i64 %n, 2", f"  %tb = alloca {T}, i64 %nt, align 64",
+         f"  %full = udiv i64 %ng, {per}", f"  %restg = urem i64 %ng, {per}", f"  %tb0 = mul i64 %full, {ubytes}"]
     for o in range(4):
         L += [f"  %ng{o} = add i64 %ng, {3 - o}", f"  %steps{o} = lshr i64 %ng{o}, 2"]
-    for r in R:
-        L += [f"  %xo{r} = mul i64 %xs, {r}", f"  %x{r} = getelementptr float, ptr %x, i64 %xo{r}"]
     L += ["  %norows = icmp eq i64 %rows, 0", "  br i1 %norows, label %done, label %row", "row:",
-          "  %m = phi i64 [0, %entry], [%mn, %emit]",
+          "  %m = phi i64 [0, %entry], [%mn, %next]",
           "  %wo = mul i64 %m, %rs", "  %wrow = getelementptr i8, ptr %w, i64 %wo", "  br label %loop", "loop:",
           "  %c = phi i64 [0, %row], [%cn, %step]", "  %stop = icmp eq i64 %c, %full",
           "  br i1 %stop, label %tail, label %step", "step:", f"  %ub = mul i64 %c, {ubytes}",
@@ -415,46 +426,58 @@ def _staged_ir(fmt: str, n: int, isa: str) -> list[str]:
     if f.values == 32:                                                 # the last, partial unit's groups
         L += ["  %tu = getelementptr i8, ptr %wrow, i64 %tb0", "  %tcol = mul i64 %full, 128"]
         for j in range(per - 1):
-            L += [f"  %live{j} = icmp ult i64 {j}, %restg", f"  br i1 %live{j}, label %do{j}, label %p0.0", f"do{j}:"]
+            L += [f"  %live{j} = icmp ult i64 {j}, %restg", f"  br i1 %live{j}, label %do{j}, label %set", f"do{j}:"]
             L += decoded("%tu", "%tcol", [(f"y{j}", j)], f"ys{j}")
-    L += ["  br label %p0.0"]
-    sets = [tuple(range(r0, min(n, r0 + STAGED_ROWS[isa]))) for r0 in range(0, n, STAGED_ROWS[isa])]
-    passes = [(i, o) for i in range(len(sets)) for o in range(4)]
-    for q, (i, o) in enumerate(passes):
-        tag, rows = f"{i}.{o}", sets[i]
-        nxt = f"p{passes[q + 1][0]}.{passes[q + 1][1]}" if q + 1 < len(passes) else "emit"
-        acc = [(r, k) for r in rows for k in range(4)]
-        L += [f"p{tag}:", f"  br label %l{tag}", f"l{tag}:", f"  %c{tag} = phi i64 [0, %p{tag}], [%cn{tag}, %b{tag}]"]
-        L += [f"  %a{tag}.{r}.{k} = phi {T} [zeroinitializer, %p{tag}], [%n{tag}.{r}.{k}, %b{tag}]" for r, k in acc]
-        L += [f"  %more{tag} = icmp ult i64 %c{tag}, %steps{o}", f"  br i1 %more{tag}, label %b{tag}, label %f{tag}",
-              f"b{tag}:", f"  %s7{tag} = shl i64 %c{tag}, 7", f"  %off{tag} = add i64 %s7{tag}, {32 * o}"]
-        for k in range(4):
-            at = f"%o{tag}.{k}"
-            L += [f"  {at} = add i64 %off{tag}, {V * k}", f"  %wp{tag}.{k} = getelementptr float, ptr %wb, i64 {at}",
-                  f"  %wv{tag}.{k} = load {T}, ptr %wp{tag}.{k}, align 4"]
-            for r in rows:
-                v = f"{tag}.{r}.{k}"
-                L += [f"  %xp{v} = getelementptr float, ptr %x{r}, i64 {at}", f"  %xv{v} = load {T}, ptr %xp{v}, align 4",
-                      f"  %pr{v} = fmul {T} %xv{v}, %wv{tag}.{k}", f"  %n{v} = fadd {T} %a{v}, %pr{v}"]
-        L += [f"  %cn{tag} = add i64 %c{tag}, 1", f"  br label %l{tag}", f"f{tag}:"]
-        for r in rows:                            # (k0 + k1) + (k2 + k3) of 8 lanes at once
-            v = f"{tag}.{r}"
-            L += [f"  %e{v} = fadd {T} %a{v}.0, %a{v}.1", f"  %g{v} = fadd {T} %a{v}.2, %a{v}.3",
-                  f"  %t{v} = fadd {T} %e{v}, %g{v}",
-                  f"  %tp{v} = getelementptr {T}, ptr %tb, i64 {4 * r + o}", f"  store {T} %t{v}, ptr %tp{v}, align 32"]
-        L.append(f"  br label %{nxt}")
-    L.append("emit:")
-    for r in R:                                   # s[i] = t[i] + t[i + 16], then s[i] + s[i + 8]: vectors
-        t = [f"%tv{r}.{o}" for o in range(4)]
+    froms = ["tail"] + [f"do{j}" for j in range(per - 1) if f.values == 32]
+    L += ["  br label %set", "set:", "  %r0 = phi i64 " + ", ".join(f"[0, %{b}]" for b in froms)
+          + "".join(f", [%rn{k}, %p{k}.3.end]" for k in sorted({RP, 1})), f"  %left = sub i64 %n, %r0",
+          f"  %whole = icmp uge i64 %left, {RP}", f"  br i1 %whole, label %set{RP}, label %set1"]
+    for k in sorted({RP, 1}):                   # passes of RP rows, and of the odd last one
+        L += [f"set{k}:"] + [f"  %xo{k}.{i} = add i64 %r0, {i}" for i in range(k)]
+        for i in range(k):
+            L += [f"  %xm{k}.{i} = mul i64 %xs, %xo{k}.{i}", f"  %x{k}.{i} = getelementptr float, ptr %x, i64 %xm{k}.{i}"]
+        L.append(f"  br label %p{k}.0")
         for o in range(4):
-            L += [f"  %tq{r}.{o} = getelementptr {T}, ptr %tb, i64 {4 * r + o}", f"  {t[o]} = load {T}, ptr %tq{r}.{o}, align 32"]
-        L += [f"  %sl{r} = fadd {T} {t[0]}, {t[2]}", f"  %sh{r} = fadd {T} {t[1]}, {t[3]}",
-              f"  %s{r}.8 = fadd {T} %sl{r}, %sh{r}", f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m"]
-        L += [f"  %lo{r}.4 = shufflevector {T} %s{r}.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4))}",
-              f"  %hi{r}.4 = shufflevector {T} %s{r}.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4, 8))}",
-              f"  %s{r}.4 = fadd <4 x float> %lo{r}.4, %hi{r}.4"] + narrow(r, f"%om{r}", 4)
-    return L + ["  %mn = add i64 %m, 1", "  %last = icmp eq i64 %mn, %rows",
-                "  br i1 %last, label %done, label %row", "done:", "  ret void", "}"]
+            tag = f"{k}.{o}"
+            acc = [(i, j) for i in range(k) for j in range(4)]
+            L += [f"p{tag}:", f"  br label %l{tag}", f"l{tag}:", f"  %c{tag} = phi i64 [0, %p{tag}], [%cn{tag}, %b{tag}]"]
+            L += [f"  %a{tag}.{i}.{j} = phi {T} [zeroinitializer, %p{tag}], [%n{tag}.{i}.{j}, %b{tag}]" for i, j in acc]
+            L += [f"  %more{tag} = icmp ult i64 %c{tag}, %steps{o}", f"  br i1 %more{tag}, label %b{tag}, label %p{tag}.end",
+                  f"b{tag}:", f"  %s7{tag} = shl i64 %c{tag}, 7", f"  %off{tag} = add i64 %s7{tag}, {32 * o}"]
+            for j in range(4):
+                at = f"%o{tag}.{j}"
+                L += [f"  {at} = add i64 %off{tag}, {V * j}", f"  %wp{tag}.{j} = getelementptr float, ptr %wb, i64 {at}",
+                      f"  %wv{tag}.{j} = load {T}, ptr %wp{tag}.{j}, align 4"]
+                for i in range(k):
+                    v = f"{tag}.{i}.{j}"
+                    L += [f"  %xp{v} = getelementptr float, ptr %x{k}.{i}, i64 {at}",
+                          f"  %xv{v} = load {T}, ptr %xp{v}, align 4",
+                          f"  %pr{v} = fmul {T} %xv{v}, %wv{tag}.{j}", f"  %n{v} = fadd {T} %a{v}, %pr{v}"]
+            L += [f"  %cn{tag} = add i64 %c{tag}, 1", f"  br label %l{tag}", f"p{tag}.end:"]
+            for i in range(k):                  # (k0 + k1) + (k2 + k3) of 8 lanes at once
+                v = f"{tag}.{i}"
+                L += [f"  %e{v} = fadd {T} %a{v}.0, %a{v}.1", f"  %g{v} = fadd {T} %a{v}.2, %a{v}.3",
+                      f"  %t{v} = fadd {T} %e{v}, %g{v}", f"  %ti{v} = shl i64 %xo{k}.{i}, 2",
+                      f"  %tj{v} = add i64 %ti{v}, {o}", f"  %tp{v} = getelementptr {T}, ptr %tb, i64 %tj{v}",
+                      f"  store {T} %t{v}, ptr %tp{v}, align 32"]
+            if o < 3:
+                L.append(f"  br label %p{k}.{o + 1}")
+        L += [f"  %rn{k} = add i64 %r0, {k}", f"  %sets{k} = icmp ult i64 %rn{k}, %n",
+              f"  br i1 %sets{k}, label %set, label %emit"]
+    L += ["emit:", "  br label %er", "er:", "  %r = phi i64 [0, %emit], [%rnext, %er]", "  %tr = shl i64 %r, 2"]
+    t = [f"%tv.{o}" for o in range(4)]                # s[i] = t[i] + t[i + 16], then s[i] + s[i + 8]: vectors
+    for o in range(4):
+        L += [f"  %tk.{o} = add i64 %tr, {o}", f"  %tq.{o} = getelementptr {T}, ptr %tb, i64 %tk.{o}",
+              f"  {t[o]} = load {T}, ptr %tq.{o}, align 32"]
+    L += [f"  %sl = fadd {T} {t[0]}, {t[2]}", f"  %sh = fadd {T} {t[1]}, {t[3]}", f"  %s.8 = fadd {T} %sl, %sh",
+          "  %oi = mul i64 %os, %r", "  %om = add i64 %oi, %m",
+          f"  %lo.4 = shufflevector {T} %s.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4))}",
+          f"  %hi.4 = shufflevector {T} %s.8, {T} poison, <4 x i32> {_consts(STAGED_E.index(e) for e in range(4, 8))}",
+          "  %s.4 = fadd <4 x float> %lo.4, %hi.4"] + narrow("", "%om", 4)
+    return L + ["  %rnext = add i64 %r, 1", "  %rows_done = icmp eq i64 %rnext, %n",
+                "  br i1 %rows_done, label %next, label %er", "next:",
+                "  %mn = add i64 %m, 1", "  %end = icmp eq i64 %mn, %rows",
+                "  br i1 %end, label %done, label %row", "done:", "  ret void", "}"]
 
 
 def _transposed(t: str) -> list[str]:
@@ -511,6 +534,9 @@ def _order_x_ir(name: str, order) -> list[str]:
 
 def blocks_ir(isa: str = ISA) -> str:
     out = _f16_ir(isa) + _order_x_ir("vkspec_order_x", group_order(isa)) + _order_x_ir("vkspec_order_staged", STAGED_ORDER)
+    if any(staged(n, isa) for n in range(1, MAX_ROWS + 1)):
+        for fmt in FORMATS:
+            out += _staged_kernel_ir(fmt, isa)
     for fmt in FORMATS:
         for n in range(1, MAX_ROWS + 1):
             out += _gemv_ir(fmt, n, isa)
