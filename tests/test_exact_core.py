@@ -203,6 +203,32 @@ def test_attention_block_rows_equal_the_definition(poison, nh, nkv):
     assert np.isfinite(block[0]).all()
 
 
+@pytest.mark.parametrize("hd", [64, 48, 4])
+def test_lane_scores_are_exact_dot_times_scale_zero_signs_included(hd):
+    """jit_attend._lane_scores (every row's queries of a KV head, one a
+    vector lane, the +0 terms of exact.dot's order left out) gives each
+    score exact.dot's bits times the scale: heads of 16, 12 and 1 lane
+    groups, 18 queries a KV head (three vectors, the last partly empty),
+    keys past two chunks, and a query whose products are all -0, where the
+    definition's sum is +0 and the sum without its +0 terms is -0."""
+    from vkspec.backends.cpu import jit_attend
+    rng = np.random.default_rng(hd)
+    n, nh, nkv, L = 6, 9, 3, 150
+    kc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n * nh, hd)).astype(np.float32)
+    kc[:, 1] = -np.abs(kc[:, 1])
+    q[4] = 0.0                                      # row 0, head 4 (KV head 1): +0 * negative = -0 everywhere
+    kc[7, 2, 0] = np.inf                            # key 7 of KV head 2: inf, or NaN where q is +0
+    q[nh + 6, 0] = 0.0
+    lo, hi, scale = 3, L, np.float32(0.125)
+    scores = np.full((n, nh, hi), np.nan, np.float32)
+    jit_attend._lane_scores(q, nh, kc, 0, lo, hi, scale, scores)
+    heads = np.arange(nh) // (nh // nkv)
+    want = exact.dot(q.reshape(n, nh, 1, 1, hd), kc[lo:hi].transpose(1, 0, 2)[heads][None, :, :, None, :])[..., 0] * scale
+    bits_equal(scores[:, :, lo:], want.reshape(n, nh, hi - lo))
+    assert np.signbit(scores[0, 4, lo:]).sum() == 0 and (scores[0, 4, lo:] == 0).all()
+
+
 @pytest.mark.parametrize("window", [1, 20, 140])
 def test_sliding_window_attention_rows_equal_the_definition(window):
     """cpu.attend with a window (the compiled path, which skips the 128-column

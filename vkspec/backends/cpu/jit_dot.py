@@ -49,7 +49,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
-from .jit_ir import BEST_ROWS, ISA, MAX_ROWS, _ir, chunk_rows, scores_ir, values_ir  # noqa: F401  (for callers)
+from .jit_ir import (BEST_ROWS, ISA, MAX_ROWS, QUERY_GROUPS, QUERY_LANES, _ir, chunk_rows,  # noqa: F401
+                     query_scores_ir, scores_ir, values_ir)
 
 DOT_ROWS = BEST_ROWS[ISA]   # rows a dot_rows call takes where a caller has more (chunk_rows)
 register_jitable(chunk_rows)
@@ -65,7 +66,8 @@ def _library(context):
     key = id(context.codegen())
     if key not in _LIBRARIES:
         lib = context.codegen().create_library("vkspec_dot")
-        for text in [_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir(), scores_ir()]:
+        for text in ([_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir(), scores_ir()]
+                     + [query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)]):
             module = llvm.parse_assembly(text)
             module.verify()
             lib.add_llvm_module(module)
@@ -194,6 +196,33 @@ def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
                           context.cast(builder, args[11], sig.args[11], types.float32)])
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen
+
+
+@intrinsic
+def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
+    """out[t, i] = dot(q_i, kc[t0 + t, g]) * scale for t < nkeys and the
+    QUERY_LANES queries whose columns are qt's rows (qt (d, QUERY_LANES), d
+    a multiple of 4 up to 64; jit_ir.query_scores_ir); kc (L, nkv, d), qt
+    and out (>= nkeys, QUERY_LANES) C-contiguous float32."""
+    if not (all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in (kc, qt, out))
+            and (kc.ndim, qt.ndim, out.ndim) == (3, 2, 2)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        ka, qa, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 5)
+        g, t0, nkeys = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (1, 2, 3))
+        nkv, hd = builder.extract_value(ka.shape, 1), builder.extract_value(ka.shape, 2)
+        ks = builder.mul(nkv, hd)
+        k = builder.gep(ka.data, [builder.add(builder.mul(t0, ks), builder.mul(g, hd))])
+        scale = context.cast(builder, args[6], sig.args[6], types.float32)
+        call = [builder.bitcast(k, ptr), ks, builder.bitcast(qa.data, ptr), builder.bitcast(oa.data, ptr), nkeys, scale]
+        groups = builder.lshr(hd, ir.Constant(i64, 2))
+        fn = ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr, i64, ir.FloatType()])
+        call_for_rows(builder, groups, QUERY_GROUPS,
+                      lambda gr: cgutils.get_or_insert_function(builder.module, fn, f"vkspec_qscores{gr}"), call, "qscores")
+        return context.get_dummy_value()
+    return types.none(kc, g, t0, nkeys, qt, out, scale), codegen
 
 
 def machine_code() -> str:

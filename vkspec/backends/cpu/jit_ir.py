@@ -250,6 +250,57 @@ def scores_ir() -> str:
     return "\n".join(L) + "\n"
 
 
+QUERY_LANES = 8             # queries a query_scores vector holds
+QUERY_GROUPS = 16           # widest head: 4 * 16 columns
+
+
+def query_scores_ir(groups: int) -> str:
+    """define void @vkspec_qscores<groups>(ptr k, i64 k_stride, ptr qt, ptr
+    out, i64 nkeys, float scale), d = 4 * groups <= 64 columns: out[t * 8 +
+    i] = dot(q_i[:d], k_t[:d]) * scale for keys t < nkeys and the 8 queries
+    of qt, their columns as rows (qt[c * 8 + i] = q_i[c]).
+
+    Why: the verify rows' queries share their KV head's keys, and with one
+    query per vector lane every step of exact.dot's order is a vertical add,
+    no shuffles: lane i's products p_c = q_i[c] * k_t[c], then (p_4l +
+    p_4l+1) + (p_4l+2 + p_4l+3) = s_l (the finish's first steps; lanes d..127
+    are the definition's +0 padding, so s_l for 4l >= d is +0), then s_i +
+    s_i+h for h = 8, 4, 2, 1 with the +0 terms left out. Also left out are
+    the definition's +0 + p_c: a sum of two values can only differ from the
+    definition's by the sign of a zero (the definition never has -0, as
+    +0 + -0 = +0; here -0 + -0 = -0), so the one + 0 at the end gives its
+    bits. (Two or four keys a step, each query column loaded once for them,
+    ran no faster on Zen 3.)"""
+    T = "<8 x float>"
+    L = [f"define void @vkspec_qscores{groups}(ptr %k, i64 %ks, ptr %qt, ptr %out, i64 %nkeys, float %scale) {{",
+         "entry:"] + _splat("sc", "%scale", 8, "float")
+    L += ["  br label %key",
+          "key:", "  %t = phi i64 [0, %entry], [%tn, %body]", "  %more = icmp ult i64 %t, %nkeys",
+          "  br i1 %more, label %body, label %exit",
+          "body:", "  %ko = mul i64 %t, %ks", "  %krow = getelementptr float, ptr %k, i64 %ko"]
+    for c in range(4 * groups):
+        L += [f"  %qp{c} = getelementptr float, ptr %qt, i64 {8 * c}", f"  %qv{c} = load {T}, ptr %qp{c}, align 4",
+              f"  %kp{c} = getelementptr float, ptr %krow, i64 {c}", f"  %kx{c} = load float, ptr %kp{c}, align 4"]
+        L += _splat(f"kb{c}x", f"%kx{c}", 8, "float") + [f"  %p{c} = fmul {T} %qv{c}, %kb{c}x"]
+    cur = []
+    for g in range(groups):
+        L += [f"  %a{g} = fadd {T} %p{4 * g}, %p{4 * g + 1}", f"  %b{g} = fadd {T} %p{4 * g + 2}, %p{4 * g + 3}",
+              f"  %s{g} = fadd {T} %a{g}, %b{g}"]
+        cur.append(f"%s{g}")
+    cur += [None] * (16 - groups)                 # the +0 of lanes d..63
+    h = 8
+    while h:                                       # s_i + s_i+h, the +0 terms left out
+        for i in range(h):
+            if cur[i + h] is not None:
+                L.append(f"  %h{h}.{i} = fadd {T} {cur[i]}, {cur[i + h]}")
+                cur[i] = f"%h{h}.{i}"
+        h //= 2
+    L += [f"  %z = fadd {T} {cur[0]}, zeroinitializer", f"  %r = fmul {T} %z, %sc", "  %oo = shl i64 %t, 3",
+          "  %op = getelementptr float, ptr %out, i64 %oo", f"  store {T} %r, ptr %op, align 4",
+          "  %tn = add i64 %t, 1", "  br label %key", "exit:", "  ret void", "}"]
+    return "\n".join(L) + "\n"
+
+
 def values_ir(isa: str = ISA) -> str:
     """define void @vkspec_value_lanes(ptr acc, ptr p, ptr v, i64 v_stride,
     i64 lo, i64 hi, i64 d): for j = lo..hi-1 in turn, acc[(j & 127) * d + e]
