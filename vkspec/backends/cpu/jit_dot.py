@@ -50,7 +50,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .jit_ir import (BEST_ROWS, ISA, MAX_ROWS, QUERY_GROUPS, QUERY_LANES, _ir, chunk_rows,  # noqa: F401
-                     query_scores_ir, scores_ir, values_ir)
+                     query_scores_ir, query_values_ir, scores_ir, values_ir)
 
 DOT_ROWS = BEST_ROWS[ISA]   # rows a dot_rows call takes where a caller has more (chunk_rows)
 register_jitable(chunk_rows)
@@ -67,7 +67,7 @@ def _library(context):
     if key not in _LIBRARIES:
         lib = context.codegen().create_library("vkspec_dot")
         for text in ([_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir(), scores_ir()]
-                     + [query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)]):
+                     + [query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)] + [query_values_ir()]):
             module = llvm.parse_assembly(text)
             module.verify()
             lib.add_llvm_module(module)
@@ -223,6 +223,34 @@ def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
                       lambda gr: cgutils.get_or_insert_function(builder.module, fn, f"vkspec_qscores{gr}"), call, "qscores")
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, qt, out, scale), codegen
+
+
+@intrinsic
+def query_values(typingctx, vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out):
+    """out[e * 8 + i] = dot(p_i, vc[t0:, g, e0 + e]) for e < 8 and the
+    QUERY_LANES queries whose probabilities are pt's columns (pt (keys,
+    QUERY_LANES), query i's keys lo[i] <= t < hi[i], int32; keys klo..khi-1
+    read, flo..fhi-1 every query's; jit_ir.query_values_ir); vc (L, nkv,
+    hd), pt, lo, hi and out (64) C-contiguous."""
+    if not (all(isinstance(a, types.Array) and a.layout == "C" for a in (vc, pt, lo, hi, out))
+            and (vc.ndim, pt.ndim, lo.ndim, hi.ndim, out.ndim) == (3, 2, 1, 1, 1)
+            and vc.dtype == pt.dtype == out.dtype == types.float32 and lo.dtype == hi.dtype == types.int32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        va, pa, la, ha, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 5, 6, 11)
+        g, t0, e0, klo, khi, flo, fhi = (context.cast(builder, args[i], sig.args[i], types.int64)
+                                         for i in (1, 2, 3, 7, 8, 9, 10))
+        nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
+        vs = builder.mul(nkv, hd)
+        v = builder.gep(va.data, [builder.add(builder.add(builder.mul(t0, vs), builder.mul(g, hd)), e0)])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr, ptr] + [i64] * 4
+                                                                            + [ptr]), "vkspec_qvalues")
+        builder.call(fn, [builder.bitcast(v, ptr), vs] + [builder.bitcast(a.data, ptr) for a in (pa, la, ha)]
+                     + [klo, khi, flo, fhi, builder.bitcast(oa.data, ptr)])
+        return context.get_dummy_value()
+    return types.none(vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out), codegen
 
 
 def machine_code() -> str:

@@ -301,6 +301,77 @@ def query_scores_ir(groups: int) -> str:
     return "\n".join(L) + "\n"
 
 
+def query_values_ir() -> str:
+    """define void @vkspec_qvalues(ptr v, i64 v_stride, ptr pt, ptr lo, ptr
+    hi, i64 klo, i64 khi, i64 flo, i64 fhi, ptr out): out[e * 8 + i] =
+    dot(p_i, v[:, e]) for 8 value columns e and the 8 queries of pt (pt[t *
+    8 + i] = p_i[t], query i's probability of key t), query i's keys being
+    lo[i] <= t < hi[i] (i32 vectors); keys klo..khi-1 are read, and within
+    flo..fhi-1 every query's keys (no mask).
+
+    Why: the values' dot is the same for all the verify rows' queries of a
+    KV head, so with one query a lane each key's value is loaded once for
+    all of them and exact.dot's lanes and finish are vertical adds: lane j
+    (0..127) is +0 + p[t] * v[t] over keys t = j mod 128 in turn, then (a_4l
+    + a_4l+1) + (a_4l+2 + a_4l+3) = s_l, then s_i + s_i+h for h = 16 .. 1.
+    A key outside a query's range adds +0 to its lane (p * v could be 0 *
+    inf); no lane is ever -0, so that is the definition's lane."""
+    T, E = "<8 x float>", range(8)
+    L = ["define void @vkspec_qvalues(ptr %v, i64 %vs, ptr %pt, ptr %lo, ptr %hi, i64 %klo, i64 %khi, i64 %flo, "
+         "i64 %fhi, ptr %out) {", "entry:", f"  %sbuf = alloca {T}, i64 256, align 32",
+         "  %lov = load <8 x i32>, ptr %lo, align 4", "  %hiv = load <8 x i32>, ptr %hi, align 4", "  br label %grp",
+         "grp:", "  %l = phi i64 [0, %entry], [%ln, %lend]", "  %lmore = icmp ult i64 %l, 32",
+         "  br i1 %lmore, label %lane0, label %tree"]
+    prev = "grp"
+    for jj in range(4):                            # lane j = 4l + jj: its keys t = j, j + 128, ... in turn
+        a = f"{jj}"
+        L += [f"lane{a}:", f"  %l4.{a} = shl i64 %l, 2", f"  %j{a} = add i64 %l4.{a}, {jj}",
+              f"  %d{a} = sub i64 %klo, %j{a}", f"  %dp{a} = icmp sgt i64 %d{a}, 0",
+              f"  %dz{a} = select i1 %dp{a}, i64 %d{a}, i64 0", f"  %dr{a} = add i64 %dz{a}, 127",
+              f"  %dq{a} = lshr i64 %dr{a}, 7", f"  %ds{a} = shl i64 %dq{a}, 7", f"  %t0.{a} = add i64 %j{a}, %ds{a}",
+              f"  br label %key{a}", f"key{a}:", f"  %t{a} = phi i64 [%t0.{a}, %lane{a}], [%tn{a}, %join{a}]"]
+        L += [f"  %A{a}.{e} = phi {T} [zeroinitializer, %lane{a}], [%An{a}.{e}, %join{a}]" for e in E]
+        L += [f"  %more{a} = icmp slt i64 %t{a}, %khi", f"  br i1 %more{a}, label %kb{a}, label %{f'lane{jj + 1}' if jj < 3 else 'sum'}",
+              f"kb{a}:", f"  %po{a} = shl i64 %t{a}, 3", f"  %pp{a} = getelementptr float, ptr %pt, i64 %po{a}",
+              f"  %P{a} = load {T}, ptr %pp{a}, align 4", f"  %vo{a} = mul i64 %t{a}, %vs",
+              f"  %vr{a} = getelementptr float, ptr %v, i64 %vo{a}"]
+        for e in E:
+            L += [f"  %vp{a}.{e} = getelementptr float, ptr %vr{a}, i64 {e}", f"  %vx{a}.{e} = load float, ptr %vp{a}.{e}, align 4"]
+            L += _splat(f"vb{a}e{e}x", f"%vx{a}.{e}", 8, "float") + [f"  %pr{a}.{e} = fmul {T} %P{a}, %vb{a}e{e}x"]
+        L += [f"  %ge{a} = icmp sge i64 %t{a}, %flo", f"  %lt{a} = icmp slt i64 %t{a}, %fhi", f"  %all{a} = and i1 %ge{a}, %lt{a}",
+              f"  br i1 %all{a}, label %join{a}, label %mask{a}",
+              f"mask{a}:", f"  %t32.{a} = trunc i64 %t{a} to i32"]
+        L += _splat(f"tv{a}x", f"%t32.{a}", 8, "i32")
+        L += [f"  %mlo{a} = icmp sle <8 x i32> %lov, %tv{a}x", f"  %mhi{a} = icmp slt <8 x i32> %tv{a}x, %hiv",
+              f"  %m{a} = and <8 x i1> %mlo{a}, %mhi{a}"]
+        L += [f"  %pm{a}.{e} = select <8 x i1> %m{a}, {T} %pr{a}.{e}, {T} zeroinitializer" for e in E]
+        L += [f"  br label %join{a}", f"join{a}:"]
+        L += [f"  %pj{a}.{e} = phi {T} [%pr{a}.{e}, %kb{a}], [%pm{a}.{e}, %mask{a}]" for e in E]
+        L += [f"  %An{a}.{e} = fadd {T} %A{a}.{e}, %pj{a}.{e}" for e in E]
+        L += [f"  %tn{a} = add i64 %t{a}, 128", f"  br label %key{a}"]
+    L += ["sum:", "  %so = shl i64 %l, 3"]
+    for e in E:                                    # (a0 + a1) + (a2 + a3)
+        L += [f"  %x{e} = fadd {T} %A0.{e}, %A1.{e}", f"  %y{e} = fadd {T} %A2.{e}, %A3.{e}",
+              f"  %s{e} = fadd {T} %x{e}, %y{e}", f"  %sq{e} = add i64 %so, {e}",
+              f"  %sp{e} = getelementptr {T}, ptr %sbuf, i64 %sq{e}", f"  store {T} %s{e}, ptr %sp{e}, align 32"]
+    L += ["  br label %lend", "lend:", "  %ln = add i64 %l, 1", "  br label %grp", "tree:"]
+    for e in E:                                    # s_i + s_i+h, h = 16 .. 1
+        cur = []
+        for i in range(32):
+            L += [f"  %tp{e}.{i} = getelementptr {T}, ptr %sbuf, i64 {8 * i + e}",
+                  f"  %tl{e}.{i} = load {T}, ptr %tp{e}.{i}, align 32"]
+            cur.append(f"%tl{e}.{i}")
+        h = 16
+        while h:
+            for i in range(h):
+                L.append(f"  %tr{e}.{h}.{i} = fadd {T} {cur[i]}, {cur[i + h]}")
+                cur[i] = f"%tr{e}.{h}.{i}"
+            h //= 2
+        L += [f"  %op{e} = getelementptr float, ptr %out, i64 {8 * e}", f"  store {T} {cur[0]}, ptr %op{e}, align 4"]
+    L += ["  ret void", "}"]
+    return "\n".join(L) + "\n"
+
+
 def values_ir(isa: str = ISA) -> str:
     """define void @vkspec_value_lanes(ptr acc, ptr p, ptr v, i64 v_stride,
     i64 lo, i64 hi, i64 d): for j = lo..hi-1 in turn, acc[(j & 127) * d + e]
