@@ -39,15 +39,18 @@ def test_block_equals_rows(tiny_dir, fmt):
     assert a.kv_len == b.kv_len and state_bytes(a) == state_bytes(b)
 
 
-@pytest.mark.parametrize("fmt", ["f32", "int4-g64"])
-def test_compiled_path_is_the_numpy_definition(tiny_dir, fmt, monkeypatch):
+@pytest.mark.parametrize("fmt,dense", [("f32", False), ("int4-g64", False), ("int4-g64", True)])
+def test_compiled_path_is_the_numpy_definition(tiny_dir, fmt, dense, monkeypatch, tmp_path):
     """The whole model, trunk and MTP head, with the numba kernels and under
-    cpu_jit.ENABLED off (VKSPEC_CPU_JIT=0: exact.py alone): the same logits, hidden states and state."""
+    cpu_jit.ENABLED off (VKSPEC_CPU_JIT=0: exact.py alone): the same logits,
+    hidden states and state; dense: MLPs, not experts (the compiled GEMV
+    runs the input norms and the MLP's activation in its own call)."""
     toks = [5, 9, 14, 200, 33, 7, 7, 81]
+    path = make_tiny(tmp_path / "dense", seed=2, mtp=True, experts=0) if dense else tiny_dir
     runs = []
     for jit in ("1", "0"):
         monkeypatch.setattr(cpu_jit, "ENABLED", jit == "1")
-        model = load_model(tiny_dir, fmt=fmt)
+        model = load_model(path, fmt=fmt)
         st = model.new_state()
         h1, l1 = model.forward(toks[:5], st)
         h2, l2 = model.forward(toks[5:], st, copies=True)

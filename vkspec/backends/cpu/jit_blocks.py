@@ -289,13 +289,26 @@ def _rows_to(code, data, scales, x, xp, out, lo, hi, dest):
 
 
 @njit(parallel=True, **_JIT)
-def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, o0, o1, o2):
+def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1, o2):
     """o_i[r, dest_i[m]] = dot(x[r], row m's values of matrix i) for every
     stored row m of the matrices i < len(codes) (1 to 3), in one parallel
     loop over all their row blocks: a layer's q, k and v (or gate and up)
     take one call. One kernel for any count, because each compiled kernel
     links its own copy of the block kernels' machine code (jit_ir_blocks): a
-    second one cost ~30 MB of resident memory."""
+    second one cost ~30 MB of resident memory.
+
+    x is first replaced by rmsnorm(x, nw, eps) where nw is not empty, or by
+    ELEMENTWISE[act](x) * up where up is not empty (jit_math's kernels, so
+    the same bits): one call less between kernels, whose Python and
+    dispatch cost ~8 us each in a layer (SmolLM2, one row)."""
+    if nw.shape[0]:
+        xn = np.empty_like(x)
+        jit_math._rms_rows(x, nw, x, eps, F(1.0 / x.shape[1]), False, xn)
+        x = xn
+    elif up.shape[0]:
+        xa = np.empty_like(x)
+        jit_math._elementwise_kernel(x.reshape(-1), xa.reshape(-1), act, up.reshape(-1))
+        x = xa
     count = codes.shape[0]
     xp = x
     if x.shape[0] <= FUSED_ROWS and x.shape[1] % 32 == 0:
@@ -358,15 +371,24 @@ def gemv(w, x: np.ndarray, logical: bool = False) -> np.ndarray:
     return gemv_many([w], x, logical)[0]
 
 
-def gemv_many(ws, x: np.ndarray, logical: bool = False) -> list[np.ndarray]:
+_NONE1, _NONE2 = np.zeros(0, F), np.zeros((0, 1), F)
+
+
+def gemv_many(ws, x: np.ndarray, logical: bool = False, norm=None, up=None, act: str = "silu") -> list[np.ndarray]:
     """[gemv(w, x, logical) for w in ws], up to three matrices per compiled
-    call (none of them f32)."""
+    call (none of them f32); x is first rmsnorm(x, *norm) where norm = (w,
+    eps) is given, or act(x) * up where up is (jit_math.ELEMENTWISE names)."""
     x = np.ascontiguousarray(x, dtype=F)
+    pro = (_NONE1, F(0), _NONE2, 0)
+    if norm is not None:
+        pro = (jit_math._weight(norm[0], x.shape[1]), F(norm[1]), _NONE2, 0)
+    elif up is not None:
+        pro = (_NONE1, F(0), np.ascontiguousarray(up, dtype=F).reshape(x.shape), jit_math.ELEMENTWISE_OPS[act])
     n, outs = x.shape[0], []
     for i in range(0, len(ws), 3):
         args, rows = _call_args(ws[i:i + 3], logical)
         got = [np.empty((n, r), F) for r in rows]
-        _gemv(*args, x, *got, *got[:1] * (3 - len(got)))       # unused slots repeat the first matrix
+        _gemv(*args, x, *pro, *got, *got[:1] * (3 - len(got)))  # unused slots repeat the first matrix
         outs += got
     return outs
 
@@ -409,7 +431,8 @@ def machine_code() -> str:
     whose every format's decoder is inlined (numba_cache.machine_code)."""
     d, sc, o = np.zeros((jit.BLOCK, 144), np.uint8), np.zeros((jit.BLOCK, 1), F), np.empty((2, jit.BLOCK), F)
     p = np.arange(jit.BLOCK)[::-1].copy()
-    example = (np.array([3]), d, d, d, sc, sc, sc, p, p, p, np.zeros((2, 256), F), o, o, o)
+    example = (np.array([3]), d, d, d, sc, sc, sc, p, p, p, np.zeros((2, 256), F), np.ones(256, F), F(1e-6),
+               np.zeros((2, 256), F), 5, o, o, o)
     from . import jit_attend, jit_unpack
     return "\n".join([jit.machine_code(), jit_unpack.machine_code(), jit_attend.machine_code()]
                      + numba_cache.machine_code(_gemv, *example))

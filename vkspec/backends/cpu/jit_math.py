@@ -155,6 +155,7 @@ def _elementwise(op: int, name: str):
 
 ELEMENTWISE = tuple(_elementwise(op, f.__name__) for op, f in enumerate(exact.ELEMENTWISE))
 exp, log, recip, rsqrt, sigmoid, silu, softplus, log1p, gelu_tanh = ELEMENTWISE
+ELEMENTWISE_OPS = {f.__name__: op for op, f in enumerate(ELEMENTWISE)}    # _elementwise_kernel's op of each
 
 
 # --- row reductions -------------------------------------------------------------

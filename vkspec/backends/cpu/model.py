@@ -123,22 +123,22 @@ class CpuModel:
 
     def layer(self, lw: LayerW, x, pos, s1, s2, kept=None):
         eps = self.cfg.rms_norm_eps
-        h = ops.rmsnorm(x, lw.in_norm, eps)
-        if lw.kind == "full_attention":
-            a = self.attention(lw.mixer, h, pos, s1, s2)
+        if lw.kind == "full_attention":              # the mixers norm x in their first GEMV's call
+            a = self.attention(lw.mixer, x, pos, s1, s2, (lw.in_norm, eps))
         else:
-            a = self.deltanet(lw.mixer, h, s1, s2, kept)
+            a = self.deltanet(lw.mixer, x, s1, s2, kept, (lw.in_norm, eps))
         x = x + a if lw.mixer_out_norm is None else ops.rmsnorm(a, lw.mixer_out_norm, eps, residual=x)
-        h = ops.rmsnorm(x, lw.post_norm, eps)
         if isinstance(lw.ffn, MoeW):
-            return self.moe(lw.ffn, h, x)
-        f = self.mlp(lw.ffn, h)
+            return self.moe(lw.ffn, ops.rmsnorm(x, lw.post_norm, eps), x)
+        f = self.mlp(lw.ffn, x, (lw.post_norm, eps))
         return x + f if lw.ffn_out_norm is None else ops.rmsnorm(f, lw.ffn_out_norm, eps, residual=x)
 
-    def attention(self, w: AttnW, h, pos, kcache, vcache):
+    def attention(self, w: AttnW, h, pos, kcache, vcache, norm=None):
+        """The attention of rows h (of rmsnorm(h, *norm) with norm = (w, eps))."""
         c = self.cfg
         n, nh, hd = h.shape[0], c.num_attention_heads, c.head_dim
-        q, k, v = (self.bias(y, b) for y, b in zip(ops.gemvs([w.q, w.k, w.v], h), (w.q_bias, w.k_bias, w.v_bias)))
+        q, k, v = (self.bias(y, b) for y, b in zip(ops.gemvs([w.q, w.k, w.v], h, norm),
+                                                    (w.q_bias, w.k_bias, w.v_bias)))
         if w.gated:
             q = q.reshape(n, nh, 2 * hd)
             q, gate = q[:, :, :hd], q[:, :, hd:].reshape(n, nh * hd)
@@ -190,12 +190,13 @@ class CpuModel:
             rows[theta] = (cos[pos], sin[pos])
         return rows[theta]
 
-    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None):
+    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None, norm=None):
+        """The Gated DeltaNet mixer of rows h (of rmsnorm(h, *norm) with norm = (w, eps))."""
         c = self.cfg
         n = h.shape[0]
         nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                           c.linear_key_head_dim, c.linear_value_head_dim)
-        proj = np.concatenate(ops.gemvs(w.proj, h), axis=-1)
+        proj = np.concatenate(ops.gemvs(w.proj, h, norm), axis=-1)
         cd = 2 * nk * dk + nv * dv
         qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
         K = w.conv.shape[1]
@@ -214,8 +215,10 @@ class CpuModel:
         o = ops.rmsnorm(out, w.norm, c.rms_norm_eps, z=z).reshape(n, nv * dv)
         return ops.gemv(w.out, o)
 
-    def mlp(self, w: MlpW, h):
-        return ops.gemv(w.down, ops.act_mul(self.cfg.hidden_act, *ops.gemvs([w.gate, w.up], h)))
+    def mlp(self, w: MlpW, h, norm=None):
+        """down(act(gate h) * up h) (of rmsnorm(h, *norm) with norm = (w, eps)),
+        the norm and the activation each in a GEMV's call."""
+        return ops.act_gemv(w.down, self.cfg.hidden_act, *ops.gemvs([w.gate, w.up], h, norm))
 
     def moe(self, w: MoeW, h, x):
         """x plus the routed experts' and the shared expert's outputs."""

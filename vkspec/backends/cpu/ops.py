@@ -1,12 +1,13 @@
 """The NumPy backend's ops: each is the executable definition of the shader of
 the same name (gemv <-> gemv.comp; a shader's variants are one function, or
 ``<shader>_<variant>`` where they are separate steps: deltanet_prep <->
-deltanet.comp's prep), built only from vkspec.exact. tests/test_twins.py
+deltanet.comp's prep), built only from vkspec.exact. tests/test_structure.py
 holds every shader to a function here.
 
-The helpers below the twins (expert_mlps, rope_attend, attend_row, vecmats,
-l2norm, deltanet_step) are pieces or compositions of those definitions, not
-shaders of their own.
+The other functions (gemvs, act_gemv, expert_mlps, rope_attend, attend_row,
+vecmats, l2norm, deltanet_step) are pieces or compositions of those
+definitions, not shaders of their own: their compiled paths do a
+composition in one call (gemvs: an rmsnorm then up to three GEMVs).
 """
 
 from __future__ import annotations
@@ -37,14 +38,24 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     return out.reshape(lead + (w.rows,))
 
 
-def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
+def gemvs(ws, x: np.ndarray, norm=None) -> list[np.ndarray]:
     """[gemv(w, x) for w in ws]: the matrices one input feeds (q, k and v;
-    gate and up), in one compiled call where they are all in blocks."""
+    gate and up), in one compiled call where they are all in blocks; with
+    norm = (w, eps), of rmsnorm(x, w, eps) (in the same call)."""
     if not jit.enabled() or any(w.fmt == "f32" for w in ws):
-        return [gemv(w, x) for w in ws]
+        h = x if norm is None else rmsnorm(x, *norm)
+        return [gemv(w, h) for w in ws]
     x = np.asarray(x, dtype=f32)
-    outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]), logical=True)
+    outs = jit_blocks.gemv_many(ws, x.reshape(-1, x.shape[-1]), logical=True, norm=norm)
     return outs if x.ndim == 2 else [o.reshape(x.shape[:-1] + (o.shape[-1],)) for o in outs]
+
+
+def act_gemv(w: QWeight, act: str, g, u) -> np.ndarray:
+    """gemv(w, act_mul(act, g, u)): the MLP's down projection of its
+    activation, in one compiled call where w is in blocks."""
+    if not jit.enabled() or w.fmt == "f32" or np.shape(g) != np.shape(u) or np.ndim(g) != 2:
+        return gemv(w, act_mul(act, g, u))
+    return jit_blocks.gemv_many([w], g, logical=True, up=u, act="gelu_tanh" if act == "gelu_tanh" else "silu")[0]
 
 
 def _m():
