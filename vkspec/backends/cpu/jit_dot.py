@@ -81,11 +81,25 @@ def _declare(builder, rows):
                                           f"vkspec_dot{rows}")
 
 
+def _c_arrays(arrays, ndims, dtype=types.float32) -> bool:
+    """Whether each of the numba types is a C-contiguous array of dtype and
+    of its ndim."""
+    return all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == dtype and a.ndim == d
+               for a, d in zip(arrays, ndims, strict=True))
+
+
+def _cache_row(builder, cache, t, g):
+    """(pointer to cache[t, g, 0], row stride in floats) of a (L, nkv, hd)
+    cache's array struct."""
+    nkv, hd = builder.extract_value(cache.shape, 1), builder.extract_value(cache.shape, 2)
+    stride = builder.mul(nkv, hd)
+    return builder.gep(cache.data, [builder.add(builder.mul(t, stride), builder.mul(g, hd))]), stride
+
+
 @intrinsic
 def dot(typingctx, w, x):
     """dot(x, w[:len(x)]) in the canonical order; w must hold at least len(x)."""
-    if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
-               for a in (w, x)):
+    if not _c_arrays((w, x), (1, 1)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -149,18 +163,15 @@ def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
     """acc[j % 128, :] += p[j] * vc[base + j, g, :] for j = lo..hi-1 in turn
     (jit_ir.values_ir); acc (128, hd), p and vc C-contiguous float32, vc
     (L, nkv, hd), base + hi <= L."""
-    arrays = (acc, p, vc)
-    if not all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in arrays) \
-            or (acc.ndim, p.ndim, vc.ndim) != (2, 1, 3):
+    if not _c_arrays((acc, p, vc), (2, 1, 3)):
         return None
 
     def codegen(context, builder, sig, args):
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
         aa, pa, va = linked_arrays(_library, context, builder, sig, args, 0, 1, 2)
         g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(3, 7))
-        nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
-        stride = builder.mul(nkv, hd)
-        first = builder.gep(va.data, [builder.add(builder.mul(base, stride), builder.mul(g, hd))])
+        first, stride = _cache_row(builder, va, base, g)
+        hd = builder.extract_value(va.shape, 2)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr] + [i64] * 4),
                                             "vkspec_value_lanes")
         builder.call(fn, [builder.bitcast(aa.data, ptr), builder.bitcast(pa.data, ptr), builder.bitcast(first, ptr),
@@ -174,8 +185,7 @@ def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
     """out[r, h0 + i, j0 + t] = dot(q[q0 + i], kc[t0 + t, g]) * scale for i <
     nq and t < nkeys (jit_ir.scores_ir, head dims up to 64); kc (L, nkv, hd),
     q (rows, hd) and out (n, heads, span) C-contiguous float32."""
-    if not (all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in (kc, q, out))
-            and (kc.ndim, q.ndim, out.ndim) == (3, 2, 3)):
+    if not _c_arrays((kc, q, out), (3, 2, 3)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -183,10 +193,9 @@ def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
         ka, qa, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 7)
         g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
                                            for i in (1, 2, 3, 5, 6, 8, 9, 10))
-        nkv, hd = builder.extract_value(ka.shape, 1), builder.extract_value(ka.shape, 2)
-        ks, qs = builder.mul(nkv, hd), builder.extract_value(qa.shape, 1)
+        (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
+        qs = builder.extract_value(qa.shape, 1)
         heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
-        k = builder.gep(ka.data, [builder.add(builder.mul(t0, ks), builder.mul(g, hd))])
         o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, i64, ptr, i64, i64, i64, ir.FloatType()]),
@@ -204,17 +213,14 @@ def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
     QUERY_LANES queries whose columns are qt's rows (qt (d, QUERY_LANES), d
     a multiple of 4 up to 64; jit_ir.query_scores_ir); kc (L, nkv, d), qt
     and out (>= nkeys, QUERY_LANES) C-contiguous float32."""
-    if not (all(isinstance(a, types.Array) and a.layout == "C" and a.dtype == types.float32 for a in (kc, qt, out))
-            and (kc.ndim, qt.ndim, out.ndim) == (3, 2, 2)):
+    if not _c_arrays((kc, qt, out), (3, 2, 2)):
         return None
 
     def codegen(context, builder, sig, args):
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
         ka, qa, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 5)
         g, t0, nkeys = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (1, 2, 3))
-        nkv, hd = builder.extract_value(ka.shape, 1), builder.extract_value(ka.shape, 2)
-        ks = builder.mul(nkv, hd)
-        k = builder.gep(ka.data, [builder.add(builder.mul(t0, ks), builder.mul(g, hd))])
+        (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
         scale = context.cast(builder, args[6], sig.args[6], types.float32)
         call = [builder.bitcast(k, ptr), ks, builder.bitcast(qa.data, ptr), builder.bitcast(oa.data, ptr), nkeys, scale]
         groups = builder.lshr(hd, ir.Constant(i64, 2))
@@ -232,9 +238,7 @@ def query_values(typingctx, vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out):
     QUERY_LANES), query i's keys lo[i] <= t < hi[i], int32; keys klo..khi-1
     read, flo..fhi-1 every query's; jit_ir.query_values_ir); vc (L, nkv,
     hd), pt, lo, hi and out (64) C-contiguous."""
-    if not (all(isinstance(a, types.Array) and a.layout == "C" for a in (vc, pt, lo, hi, out))
-            and (vc.ndim, pt.ndim, lo.ndim, hi.ndim, out.ndim) == (3, 2, 1, 1, 1)
-            and vc.dtype == pt.dtype == out.dtype == types.float32 and lo.dtype == hi.dtype == types.int32):
+    if not (_c_arrays((vc, pt, out), (3, 2, 1)) and _c_arrays((lo, hi), (1, 1), types.int32)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -242,9 +246,8 @@ def query_values(typingctx, vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out):
         va, pa, la, ha, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 5, 6, 11)
         g, t0, e0, klo, khi, flo, fhi = (context.cast(builder, args[i], sig.args[i], types.int64)
                                          for i in (1, 2, 3, 7, 8, 9, 10))
-        nkv, hd = builder.extract_value(va.shape, 1), builder.extract_value(va.shape, 2)
-        vs = builder.mul(nkv, hd)
-        v = builder.gep(va.data, [builder.add(builder.add(builder.mul(t0, vs), builder.mul(g, hd)), e0)])
+        row, vs = _cache_row(builder, va, t0, g)
+        v = builder.gep(row, [e0])
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr, ptr] + [i64] * 4
                                                                             + [ptr]), "vkspec_qvalues")
         builder.call(fn, [builder.bitcast(v, ptr), vs] + [builder.bitcast(a.data, ptr) for a in (pa, la, ha)]
