@@ -76,6 +76,25 @@ def test_reordered_rows_permute_outputs_not_bytes(vk, fmt):
     bits_equal(vk.gemv(r, x[:3]), exact.gemv(dequantize(w)[order], x[:3]))
 
 
+@pytest.mark.parametrize("count", [2, 4])
+def test_gemvs_norm_and_act_gemv_are_the_composed_definitions(count):
+    """ops.gemvs(ws, x, norm) is exact.gemv of exact.rmsnorm(x) for every
+    matrix, whether the norm runs in the compiled call (up to three
+    matrices) or once before two calls (four: Qwen3.5's qkv, z, b and a);
+    ops.act_gemv is exact.gemv of the activation times u, silu and GELU."""
+    rng = np.random.default_rng(count)
+    ws = [random_weight(fmt, 40 + 8 * i, 256, rng) for i, fmt in enumerate(["q4_1", "q8_0", "q4_k", "q4_0"][:count])]
+    x = rng.standard_normal((5, 256)).astype(np.float32) * 3
+    nw = rng.standard_normal(256).astype(np.float32)
+    for n in (1, 5):
+        h = exact.rmsnorm(x[:n], nw, 1e-6)
+        for w, got in zip(ws, ops.gemvs(ws, x[:n], (nw, 1e-6)), strict=True):
+            bits_equal(got, exact.gemv(dequantize(w), h))
+        g, u = x[:n], x[::-1][:n].copy()
+        bits_equal(ops.act_gemv(ws[0], "silu", g, u), exact.gemv(dequantize(ws[0]), exact.silu(g) * u))
+        bits_equal(ops.act_gemv(ws[0], "gelu_tanh", g, u), exact.gemv(dequantize(ws[0]), exact.gelu_tanh(g) * u))
+
+
 def test_the_gemv_keeps_only_a_weights_own_arrays():
     """The CPU GEMV keeps each list's kernel arguments on its first matrix,
     but never an array it had to convert: scales held as float64 are read

@@ -372,6 +372,7 @@ def gemv(w, x: np.ndarray, logical: bool = False) -> np.ndarray:
 
 
 _NONE1, _NONE2 = np.zeros(0, F), np.zeros((0, 1), F)
+_NO_PROLOGUE = (_NONE1, F(0), _NONE2, 0)                       # _gemv's nw, eps, up, act: x as it is
 
 
 def gemv_many(ws, x: np.ndarray, logical: bool = False, norm=None, up=None, act: str = "silu") -> list[np.ndarray]:
@@ -379,8 +380,11 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False, norm=None, up=None, act:
     call (none of them f32); x is first rmsnorm(x, *norm) where norm = (w,
     eps) is given, or act(x) * up where up is (jit_math.ELEMENTWISE names)."""
     x = np.ascontiguousarray(x, dtype=F)
-    pro = (_NONE1, F(0), _NONE2, 0)
-    if norm is not None:
+    pro = _NO_PROLOGUE
+    if len(ws) > 3 and (norm is not None or up is not None):    # more than one call: the prologue once, here
+        x = (jit_math.rmsnorm(x, *norm) if norm is not None
+             else jit_math.ELEMENTWISE[jit_math.ELEMENTWISE_OPS[act]](x, times=up))
+    elif norm is not None:
         pro = (jit_math._weight(norm[0], x.shape[1]), F(norm[1]), _NONE2, 0)
     elif up is not None:
         pro = (_NONE1, F(0), np.ascontiguousarray(up, dtype=F).reshape(x.shape), jit_math.ELEMENTWISE_OPS[act])
