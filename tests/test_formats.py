@@ -25,8 +25,8 @@ def weights(fmt, rng):
         t = ggml.TYPES[fmt.upper()]
         blocks = edge_blocks(fmt.upper(), rng)
         per_row = 512 // t.block_elems
-        n = blocks.shape[0] // per_row * per_row
-        rows = blocks[:n].reshape(-1, per_row * t.block_bytes)[:40]
+        n = blocks.shape[0] // per_row * per_row               # every special in each field
+        rows = blocks[:n].reshape(-1, per_row * t.block_bytes)
         out.append(QWeight(fmt, rows.shape[0], 512, np.ascontiguousarray(rows), no_scales()))
     return out
 
