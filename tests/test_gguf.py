@@ -120,6 +120,27 @@ def test_logits_and_greedy_ids_match_transformers(gguf_path, cpu_model, oracle):
     assert generate(cpu_model, ids, 12).tokens == out
 
 
+def test_layer_calls_are_the_general_path_and_the_definition(gguf_path, cpu_model, monkeypatch):
+    """SmolLM2's layers take layer_calls (their compiled calls made once):
+    a 3-row block, then 2 rows on top, give the bits of model.layer's
+    general path and of the NumPy definition (VKSPEC_CPU_JIT=0): hidden
+    rows, logits and the KV cache."""
+    from vkspec.backends.cpu import jit, layer_calls, model as cpu_model_module
+    assert all(layer_calls.qualifies(lw) for lw in cpu_model.w.layers)
+    ids = load_tokenizer(gguf_path).encode(TEXTS[0])[:5]
+
+    def run():
+        st = cpu_model.new_state()
+        parts = [a.tobytes() for a in cpu_model.forward(ids[:3], st) + cpu_model.forward(ids[3:], st, copies=True)]
+        return parts + [k[:len(ids)].tobytes() + v[:len(ids)].tobytes() for k, v in zip(st.kv_k, st.kv_v)]
+    calls = run()
+    monkeypatch.setattr(cpu_model_module, "layer_calls", lambda lw, cfg: None)
+    general = run()
+    monkeypatch.setattr(jit, "ENABLED", False)
+    definition = run()
+    assert calls == general == definition
+
+
 def test_device_equals_cpu_byte_for_byte(vk, gguf_path, cpu_model):
     dev = load_model(gguf_path, backend="vulkan")
     ids = load_tokenizer(gguf_path).encode(TEXTS[0])

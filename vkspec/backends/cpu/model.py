@@ -31,6 +31,7 @@ from ...interface import HostState
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
 from . import ops
+from .layer_calls import layer_calls
 
 f32 = np.float32
 
@@ -122,6 +123,9 @@ class CpuModel:
         return x, logits
 
     def layer(self, lw: LayerW, x, pos, s1, s2, kept=None):
+        calls = layer_calls(lw, self.cfg)              # a Llama-shaped layer: its calls made once
+        if calls is not None:
+            return calls(x, pos, s1, s2, *self.rope_at(lw.mixer.rope_theta, pos))
         eps = self.cfg.rms_norm_eps
         if lw.kind == "full_attention":              # the mixers norm x in their first GEMV's call
             a = self.attention(lw.mixer, x, pos, s1, s2, (lw.in_norm, eps))

@@ -1,0 +1,92 @@
+"""A Llama-shaped layer's compiled calls, their arguments made once: the
+CPU's counterpart of the device's recorded sequence.
+
+A layer qualifies when its attention has no biases, q/k norms or output gate,
+it has no sandwich norms, its FFN is one MLP, and every matrix is in blocks
+(SmolLM2, Llama). Then a step is four calls of jit_blocks._gemv and one of
+jit_attend._attend, with exactly the arguments model.CpuModel.layer's general
+path builds through ops (gemvs with the input norm, rope_attend, gemv,
+gemvs with the post norm, act_gemv) and the same two residual adds: the
+same kernels on the same arrays, so the same bits.
+
+Why: the general path builds those arguments again on every call (ops
+wrappers, reshapes, checks, _call_args lookups): 70 us a layer on SmolLM2 at
+one row on a Zen 3, 15% of a decoding step. tests/test_model_cpu.py holds a
+Llama-shaped model's forward here to the general path and to the NumPy
+definition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...formats.matrix import QWeight
+from ...weights import AttnW, LayerW, MlpW
+from . import jit, jit_attend, jit_blocks, jit_math
+
+F = np.float32
+_NONE1, _NONE2 = jit_blocks._NONE1, jit_blocks._NONE2
+
+
+def qualifies(lw: LayerW) -> bool:
+    a, f = lw.mixer, lw.ffn
+    if lw.kind != "full_attention" or not isinstance(a, AttnW) or not isinstance(f, MlpW):
+        return False
+    if a.gated or any(b is not None for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias, a.q_norm, a.k_norm)):
+        return False
+    if lw.mixer_out_norm is not None or lw.ffn_out_norm is not None:
+        return False
+    mats = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
+    if not all(isinstance(w, QWeight) and w.fmt != "f32" for w in mats):
+        return False
+    return all(jit_blocks._own(w, *jit_blocks.kernel_args(w)[:2]) for w in mats)   # kept: no copies
+
+
+class LayerCalls:
+    """x -> the layer's output rows, for a layer that qualifies()."""
+
+    def __init__(self, lw: LayerW, cfg):
+        a, f, H = lw.mixer, lw.ffn, lw.in_norm.shape[0]
+        self.eps = F(cfg.rms_norm_eps)
+        self.in_norm = jit_math._weight(lw.in_norm, H)
+        self.post_norm = jit_math._weight(lw.post_norm, H)
+        self.qkv, self.qkv_rows = jit_blocks._call_args([a.q, a.k, a.v], True)
+        self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
+        self.gu, self.gu_rows = jit_blocks._call_args([f.gate, f.up], True)
+        self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
+        self.act = jit_math.ELEMENTWISE_OPS["gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"]
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale, self.window = F(cfg.scores_scale), int(a.window)
+        self.refs = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)     # the arguments' arrays stay alive
+
+    def __call__(self, x, pos, kc, vc, cos, sin):
+        n = x.shape[0]
+        x = np.ascontiguousarray(x, dtype=F)
+        q, k, v = (np.empty((n, r), F) for r in self.qkv_rows)
+        jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, q, k, v)
+        att = np.empty((n, self.nh, self.hd), F)
+        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+        pos = np.ascontiguousarray(pos, dtype=np.int64)
+        jit_attend._attend(q.reshape(n * self.nh, self.hd), self.nh, kc, vc, pos + 1, self.window, self.scale, att,
+                           k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd),
+                           np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
+        o = np.empty((n, self.o_rows), F)
+        jit_blocks._gemv(*self.o, att.reshape(n, self.nh * self.hd), _NONE1, F(0), _NONE2, 0, o, o, o)
+        x = x + o
+        g, u = (np.empty((n, r), F) for r in self.gu_rows)
+        jit_blocks._gemv(*self.gu, x, self.post_norm, self.eps, _NONE2, 0, g, u, g)
+        d = np.empty((n, self.down_rows), F)
+        jit_blocks._gemv(*self.down, g, _NONE1, F(0), u, self.act, d, d, d)
+        return x + d
+
+
+def layer_calls(lw: LayerW, cfg) -> LayerCalls | None:
+    """The layer's prepared calls, made at its first use and kept on it;
+    None where it does not qualify or the compiled path is off."""
+    if not jit.enabled():
+        return None
+    got = lw.__dict__.get("_layer_calls", False)
+    if got is False:
+        got = LayerCalls(lw, cfg) if qualifies(lw) else None
+        lw.__dict__["_layer_calls"] = got
+    return got
