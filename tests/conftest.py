@@ -58,6 +58,27 @@ def forward_both(cpu, dev, sc, sv, rows, **kw):
     return hc, lc
 
 
+def layer_calls_three_ways(model, blocks, monkeypatch):
+    """Forward `blocks` (lists of ids, the later ones with copies) on a fresh
+    state three ways: through layer_calls, model.layer's general path, and
+    the NumPy definition (VKSPEC_CPU_JIT=0). Returns each run's hidden rows,
+    logits and KV rows as bytes; every layer must take layer_calls."""
+    from vkspec.backends.cpu import jit, layer_calls, model as cpu_model
+    assert all(layer_calls.qualifies(lw) for lw in model.w.layers)
+
+    def run():
+        st = model.new_state()
+        out = [a.tobytes() for i, b in enumerate(blocks) for a in model.forward(b, st, copies=i > 0)]
+        return out + [k[:st.kv_len].tobytes() + v[:st.kv_len].tobytes() for k, v in zip(st.kv_k, st.kv_v)]
+    runs = [run()]
+    monkeypatch.setattr(cpu_model, "layer_calls", lambda lw, cfg: None)
+    runs.append(run())
+    monkeypatch.setattr(jit, "ENABLED", False)
+    runs.append(run())
+    monkeypatch.undo()
+    return runs
+
+
 def require(module: str):
     """Import a test-only dependency (torch, transformers). Under `make test`
     (VKSPEC_REQUIRE_DEVICE=1) a missing one fails the run instead of skipping."""

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import bits_equal, forward_both, require
+from conftest import bits_equal, forward_both, layer_calls_three_ways, require
 
 torch = require("torch")
 require("transformers")
@@ -87,6 +87,16 @@ def test_greedy_ids_32(pair):
         want = ref.generate(torch.tensor([PROMPT[:5]]), max_new_tokens=32, do_sample=False,
                             min_new_tokens=32, pad_token_id=0)[0, 5:].tolist()
     assert generate(model, PROMPT[:5], 32).tokens == want, name
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_layer_calls_are_the_general_path_and_the_definition(name, tmp_path, monkeypatch):
+    """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, in int4 blocks:
+    layer_calls gives the general path's and the NumPy definition's bits."""
+    build(name, tmp_path)
+    model = load_model(tmp_path, fmt="int4-g64")
+    calls, general, definition = layer_calls_three_ways(model, [PROMPT[:9], PROMPT[9:13]], monkeypatch)
+    assert calls == general == definition
 
 
 def test_device_equals_cpu(pair, vk):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import bits_equal, forward_both, require
+from conftest import bits_equal, forward_both, layer_calls_three_ways, require
 
 torch = require("torch")
 require("transformers")
@@ -86,6 +86,16 @@ def test_greedy_ids_32(tiny, cpu):
         want = ref.generate(torch.tensor([ids(5)]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
                             pad_token_id=0)[0, 5:].tolist()
     assert generate(cpu, ids(5), 32).tokens == want
+
+
+def test_layer_calls_are_the_general_path_and_the_definition(tiny, monkeypatch):
+    """Sandwich norms, q/k norms, GELU, sliding windows and two RoPE bases, in
+    int4 blocks: layer_calls gives the general path's and the NumPy
+    definition's bits past the window."""
+    model = load_model(tiny[1], ctx=256, fmt="int4-g64")
+    toks = ids(20, seed=3)
+    calls, general, definition = layer_calls_three_ways(model, [toks[:12], toks[12:17], toks[17:]], monkeypatch)
+    assert calls == general == definition
 
 
 def test_the_device_equals_the_cpu_past_the_window(vk, tiny, cpu):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import bits_equal, packaged_file, require
+from conftest import bits_equal, layer_calls_three_ways, packaged_file, require
 from vkspec.errors import VkspecError
 from vkspec.speculative import generate
 from vkspec.loader import load_model
@@ -125,19 +125,8 @@ def test_layer_calls_are_the_general_path_and_the_definition(gguf_path, cpu_mode
     a 3-row block, then 2 rows on top, give the bits of model.layer's
     general path and of the NumPy definition (VKSPEC_CPU_JIT=0): hidden
     rows, logits and the KV cache."""
-    from vkspec.backends.cpu import jit, layer_calls, model as cpu_model_module
-    assert all(layer_calls.qualifies(lw) for lw in cpu_model.w.layers)
     ids = load_tokenizer(gguf_path).encode(TEXTS[0])[:5]
-
-    def run():
-        st = cpu_model.new_state()
-        parts = [a.tobytes() for a in cpu_model.forward(ids[:3], st) + cpu_model.forward(ids[3:], st, copies=True)]
-        return parts + [k[:len(ids)].tobytes() + v[:len(ids)].tobytes() for k, v in zip(st.kv_k, st.kv_v)]
-    calls = run()
-    monkeypatch.setattr(cpu_model_module, "layer_calls", lambda lw, cfg: None)
-    general = run()
-    monkeypatch.setattr(jit, "ENABLED", False)
-    definition = run()
+    calls, general, definition = layer_calls_three_ways(cpu_model, [ids[:3], ids[3:]], monkeypatch)
     assert calls == general == definition
 
 

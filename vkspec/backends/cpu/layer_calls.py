@@ -1,19 +1,21 @@
-"""A Llama-shaped layer's compiled calls, their arguments made once: the
+"""An attention layer's compiled calls, their arguments made once: the
 CPU's counterpart of the device's recorded sequence.
 
-A layer qualifies when its attention has no biases, q/k norms or output gate,
-it has no sandwich norms, its FFN is one MLP, and every matrix is in blocks
-(SmolLM2, Llama). Then a step is four calls of jit_blocks._gemv and one of
-jit_attend._attend, with exactly the arguments model.CpuModel.layer's general
-path builds through ops (gemvs with the input norm, rope_attend, gemv,
-gemvs with the post norm, act_gemv) and the same two residual adds: the
-same kernels on the same arrays, so the same bits.
+A layer qualifies when its mixer is attention without an output gate, its
+FFN one MLP, and every matrix is in blocks: SmolLM2 and Llama, Qwen2 and
+Qwen3 (biases, q/k norms), Gemma 3 (sandwich norms). A step is then four
+calls of jit_blocks._gemv and one of jit_attend._attend, with exactly the
+arguments model.CpuModel.layer's general path builds through ops (gemvs
+with the input norm, rope_attend, gemv, gemvs with the post norm,
+act_gemv), between them the same NumPy adds for biases and residuals and
+the same jit_math._rms_rows calls for the q/k and sandwich norms: the same
+kernels on the same arrays, so the same bits.
 
 Why: the general path builds those arguments again on every call (ops
 wrappers, reshapes, checks, _call_args lookups): 70 us a layer on SmolLM2 at
-one row on a Zen 3, 15% of a decoding step. tests/test_model_cpu.py holds a
-Llama-shaped model's forward here to the general path and to the NumPy
-definition.
+one row on a Zen 3, 15% of a decoding step. tests/test_gguf.py and
+tests/test_model_cpu.py hold models of these families here to the general
+path and to the NumPy definition.
 """
 
 from __future__ import annotations
@@ -32,9 +34,7 @@ def qualifies(lw: LayerW) -> bool:
     a, f = lw.mixer, lw.ffn
     if lw.kind != "full_attention" or not isinstance(a, AttnW) or not isinstance(f, MlpW):
         return False
-    if a.gated or any(b is not None for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias, a.q_norm, a.k_norm)):
-        return False
-    if lw.mixer_out_norm is not None or lw.ffn_out_norm is not None:
+    if a.gated:
         return False
     mats = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
     if not all(isinstance(w, QWeight) and w.fmt != "f32" for w in mats):
@@ -58,12 +58,31 @@ class LayerCalls:
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale, self.window = F(cfg.scores_scale), int(a.window)
         self.refs = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)     # the arguments' arrays stay alive
+        self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
+        self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd) for w in (a.q_norm, a.k_norm))
+        self.out_norms = [None if w is None else jit_math._weight(w, H) for w in (lw.mixer_out_norm, lw.ffn_out_norm)]
+
+    def _norm(self, y, w):
+        """ops.rmsnorm(y, w, eps) over y's last axis (jit_math.rmsnorm's call)."""
+        y2 = y.reshape(-1, w.shape[0])
+        out = np.empty_like(y2)
+        jit_math._rms_rows(y2, w, y2, self.eps, F(1.0 / w.shape[0]), False, out)
+        return out.reshape(y.shape)
+
+    def _residual(self, x, y, norm):
+        """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
+        return x + (y if norm is None else self._norm(y, norm))
 
     def __call__(self, x, pos, kc, vc, cos, sin):
         n = x.shape[0]
         x = np.ascontiguousarray(x, dtype=F)
-        q, k, v = (np.empty((n, r), F) for r in self.qkv_rows)
-        jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, q, k, v)
+        qkv = [np.empty((n, r), F) for r in self.qkv_rows]
+        jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, *qkv)
+        q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
+        if self.q_norm is not None:
+            q = self._norm(q, self.q_norm)
+        if self.k_norm is not None:
+            k = self._norm(k, self.k_norm)
         att = np.empty((n, self.nh, self.hd), F)
         assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
         pos = np.ascontiguousarray(pos, dtype=np.int64)
@@ -72,12 +91,14 @@ class LayerCalls:
                            np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
         o = np.empty((n, self.o_rows), F)
         jit_blocks._gemv(*self.o, att.reshape(n, self.nh * self.hd), _NONE1, F(0), _NONE2, 0, o, o, o)
-        x = x + o
+        if self.biases[3] is not None:
+            o = o + self.biases[3]
+        x = self._residual(x, o, self.out_norms[0])
         g, u = (np.empty((n, r), F) for r in self.gu_rows)
         jit_blocks._gemv(*self.gu, x, self.post_norm, self.eps, _NONE2, 0, g, u, g)
         d = np.empty((n, self.down_rows), F)
         jit_blocks._gemv(*self.down, g, _NONE1, F(0), u, self.act, d, d, d)
-        return x + d
+        return self._residual(x, d, self.out_norms[1])
 
 
 def layer_calls(lw: LayerW, cfg) -> LayerCalls | None:
