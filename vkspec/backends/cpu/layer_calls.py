@@ -13,9 +13,10 @@ kernels on the same arrays, so the same bits.
 
 Why: the general path builds those arguments again on every call (ops
 wrappers, reshapes, checks, _call_args lookups): 70 us a layer on SmolLM2 at
-one row on a Zen 3, 15% of a decoding step. tests/test_gguf.py and
-tests/test_model_cpu.py hold models of these families here to the general
-path and to the NumPy definition.
+one row on a Zen 3, 15% of a decoding step. tests/test_gguf.py (SmolLM2),
+test_families_qwen.py (Qwen2, Qwen3) and test_gemma3.py hold these
+families here to the general path and to the NumPy definition
+(conftest.layer_calls_three_ways).
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ class LayerCalls:
         self.act = jit_math.ELEMENTWISE_OPS["gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"]
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale, self.window = F(cfg.scores_scale), int(a.window)
-        self.refs = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)     # the arguments' arrays stay alive
         self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
         self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd) for w in (a.q_norm, a.k_norm))
         self.out_norms = [None if w is None else jit_math._weight(w, H) for w in (lw.mixer_out_norm, lw.ffn_out_norm)]

@@ -123,7 +123,7 @@ class CpuModel:
         return x, logits
 
     def layer(self, lw: LayerW, x, pos, s1, s2, kept=None):
-        calls = layer_calls(lw, self.cfg)              # a Llama-shaped layer: its calls made once
+        calls = layer_calls(lw, self.cfg)              # an attention layer in blocks: its calls made once
         if calls is not None:
             return calls(x, pos, s1, s2, *self.rope_at(lw.mixer.rope_theta, pos))
         eps = self.cfg.rms_norm_eps
