@@ -8,7 +8,7 @@ calls of jit_blocks._gemv and one of jit_attend._attend, with exactly the
 arguments model.CpuModel.layer's general path builds through ops (gemvs
 with the input norm, rope_attend, gemv, gemvs with the post norm,
 act_gemv), between them the same NumPy adds for biases and residuals and
-the same jit_math._rms_rows calls for the q/k and sandwich norms: the same
+the same jit_math.rmsnorm calls for the q/k and sandwich norms: the same
 kernels on the same arrays, so the same bits.
 
 Why: the general path builds those arguments again on every call (ops
@@ -62,16 +62,9 @@ class LayerCalls:
         self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd) for w in (a.q_norm, a.k_norm))
         self.out_norms = [None if w is None else jit_math._weight(w, H) for w in (lw.mixer_out_norm, lw.ffn_out_norm)]
 
-    def _norm(self, y, w):
-        """ops.rmsnorm(y, w, eps) over y's last axis (jit_math.rmsnorm's call)."""
-        y2 = y.reshape(-1, w.shape[0])
-        out = np.empty_like(y2)
-        jit_math._rms_rows(y2, w, y2, self.eps, F(1.0 / w.shape[0]), False, out)
-        return out.reshape(y.shape)
-
     def _residual(self, x, y, norm):
         """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
-        return x + (y if norm is None else self._norm(y, norm))
+        return x + (y if norm is None else jit_math.rmsnorm(y, norm, self.eps))
 
     def __call__(self, x, pos, kc, vc, cos, sin):
         n = x.shape[0]
@@ -79,10 +72,10 @@ class LayerCalls:
         qkv = [np.empty((n, r), F) for r in self.qkv_rows]
         jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
-        if self.q_norm is not None:
-            q = self._norm(q, self.q_norm)
+        if self.q_norm is not None:                 # per head: rows of hd
+            q = jit_math.rmsnorm(q.reshape(n, self.nh, self.hd), self.q_norm, self.eps)
         if self.k_norm is not None:
-            k = self._norm(k, self.k_norm)
+            k = jit_math.rmsnorm(k.reshape(n, self.nkv, self.hd), self.k_norm, self.eps)
         att = np.empty((n, self.nh, self.hd), F)
         assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
         pos = np.ascontiguousarray(pos, dtype=np.int64)
