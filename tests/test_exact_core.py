@@ -450,7 +450,7 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, isa_checks):
     asm = got["asm"]
     assert "mulps" in asm and all(f"vkspec_dot{r}:" in asm for r in range(1, 9))
     for kernel in ("vkspec_gemv1_q4_1", "vkspec_gemv8_q8_0",      # a fused GEMV, a staged one (AVX2, plain)
-                   "vkspec_value_lanes", "vkspec_scores"):       # and attention's
+                   "vkspec_row_values", "vkspec_scores"):       # and attention's
         assert f"{kernel}:" in asm, kernel
     for family in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"):
         assert family not in asm, family

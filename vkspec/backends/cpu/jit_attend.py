@@ -13,17 +13,18 @@ verify rows and no shuffles are needed (Zen 3, SmolLM2, 187 keys, one core:
 6 rows' scores 150 -> 52 us a layer). Other heads take one item per (row,
 KV head), each key row loaded once for the query heads of its group
 (jit_dot.key_scores up to 64 wide, else dot_rows one key at a time). The
-values likewise: heads a multiple of 8 wide with at least 8 queries a KV
-head take _lane_values (jit_dot.query_values), one query a lane, after
-the softmax of every (row, head).
+values are jit_dot.row_values per (row, head), right after its softmax: the
+lanes in registers, a lane's keys in turn (Zen 3, SmolLM2, 250 keys, two
+cores, the whole attend a layer: 1 row 54 -> 37 us, 4 rows 134 -> 84, 6 rows
+162 -> 119, against lanes in memory for one row and one query a vector lane
+for the verify rows).
 
 Why it is exact: each item computes what the three kernels (a GEMV, softmax,
 weighted sums) computed for it, with the same helpers: every score is
 exact.dot of its key and query (query_scores, key_scores or dot_rows, all in
 exact.dot's order; a row's dot does not depend on how many rows share a load)
-times the scale, jit_math.softmax_row over the row's keys, and jit._columns's
-sums for the values (query_values, or value_lanes: vector IR, as numba's own
-loop re-checked aliasing for every key), each key in the lane of its
+times the scale, jit_math.softmax_row over the row's keys, and
+exact.dot's lanes for the values (row_values), each key in the lane of its
 position, the keys before the row's window left out (they would add +0).
 ``test_exact_core`` holds ops.attend to attend_row, the NumPy definition,
 row by row, windows and infinite values included.
@@ -37,9 +38,8 @@ from . import numba_cache  # noqa: I001  (first: where numba caches)
 from numba import njit, prange
 
 from ... import exact
-from . import jit, jit_math
-from .jit_dot import (MAX_ROWS, QUERY_LANES, SCORES_DIMS, dot_rows, key_scores, query_scores, query_values,
-                      value_lanes)
+from . import jit_math
+from .jit_dot import MAX_ROWS, QUERY_LANES, SCORES_DIMS, dot_rows, key_scores, query_scores, row_values
 
 F = np.float32
 KEY_CHUNK = 64                  # keys a _lane_scores item takes
@@ -129,61 +129,17 @@ def _lane_scores(q, nh, kc, base, lo, hi, scale, scores):
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _weighted(scores, nh, vc, starts, lens, base, span, out):
     """out[r, h] = the values weighted by softmax_row of the row's scores
-    over its keys starts[r]..lens[r]-1 (key t read at base + t). Heads a
-    multiple of 8 wide take _lane_values where a KV head has a vector's
-    worth of queries (Zen 3, SmolLM2, 187 keys, two cores: the whole attend
-    of 6 rows 142 -> 130 us; of 1 row, 3 queries a KV head, 43 -> 50)."""
-    n, hd, nkv = scores.shape[0], vc.shape[2], vc.shape[1]
+    over its keys starts[r]..lens[r]-1 (key t read at base + t): one item
+    per (row, head), its lanes in registers (jit_dot.row_values)."""
+    n, nkv = scores.shape[0], vc.shape[1]
     rep = nh // nkv
-    lanes = hd % 8 == 0 and n * rep >= QUERY_LANES
-    nvec = (n * rep + QUERY_LANES - 1) // QUERY_LANES
-    pt = np.zeros((nkv, nvec, span if lanes else 0, QUERY_LANES), F)
     for item in prange(n * nh):
         r, h = item // nh, item % nh
         g = h // rep
         lo, hi = starts[r] - base, lens[r] - base
         p = np.empty(span, F)
         jit_math.softmax_row(scores[r, h], lo, hi, np.empty(128, F), np.empty(32, F), p)
-        if lanes:                               # query r * rep + h % rep of KV head g
-            qi = r * rep + h % rep
-            for t in range(lo, hi):
-                pt[g, qi // QUERY_LANES, t, qi % QUERY_LANES] = p[t]
-            continue
-        acc = np.zeros((128, hd), F)
-        value_lanes(acc, p, vc, g, base, lo, hi)    # jit._columns's terms, each value row contiguous
-        jit.fold_columns(acc, np.empty((32, hd), F), out[r, h])
-    if lanes:
-        _lane_values(pt, nh, vc, starts, lens, base, out)
-
-
-@njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
-def _lane_values(pt, nh, vc, starts, lens, base, out):
-    """out[r, h, e] = dot(p, vc[base:, g, e]) for row r's probabilities p of
-    head h (KV head g) in pt (nkv, vectors, keys, QUERY_LANES; query r *
-    rep + h % rep of its KV head), over the row's keys starts[r]..lens[r]-1
-    (relative to base): jit_dot.query_values, 8 columns an item. Lanes past
-    the last query repeat its keys (their probabilities are +0) and are
-    not stored."""
-    n, hd, nkv = out.shape[0], vc.shape[2], vc.shape[1]
-    rep, nvec = nh // nkv, pt.shape[1]
-    nq = n * rep
-    lo = np.empty((nvec, QUERY_LANES), np.int32)
-    hi = np.empty((nvec, QUERY_LANES), np.int32)
-    for i in range(nvec * QUERY_LANES):
-        r = min(i, nq - 1) // rep
-        lo[i // QUERY_LANES, i % QUERY_LANES] = starts[r] - base
-        hi[i // QUERY_LANES, i % QUERY_LANES] = lens[r] - base
-    chunks = hd // 8
-    for item in prange(nkv * nvec * chunks):
-        g, v, e0 = item // (nvec * chunks), item // chunks % nvec, item % chunks * 8
-        klo, khi, flo, fhi = lo[v].min(), hi[v].max(), lo[v].max(), hi[v].min()
-        got = np.empty(64, F)
-        query_values(vc, g, base, e0, pt[g, v], lo[v], hi[v], klo, khi, flo, fhi, got)
-        for i in range(min(QUERY_LANES, nq - v * QUERY_LANES)):
-            qi = v * QUERY_LANES + i
-            r, h = qi // rep, g * rep + qi % rep
-            for e in range(8):
-                out[r, h, e0 + e] = got[e * 8 + i]
+        row_values(p, vc, g, base, lo, hi, out[r, h])
 
 
 _NONE3, _NONE2, _NO_POS = np.zeros((0, 1, 1), F), np.zeros((0, 1), F), np.zeros(0, np.int64)
@@ -217,6 +173,5 @@ def machine_code() -> str:
                np.ones((2, 1, 8), F), np.ones((2, 1, 8), F), np.ones((2, 8), F), np.ones((2, 8), F), np.array([7, 8]))
     lanes = (np.ones((4, 8), F), 2, kc, 0, 0, 9, F(0.5), np.empty((2, 2, 9), F))
     weighted = (np.ones((2, 2, 9), F), 2, kc, np.array([0, 2]), np.array([9, 5]), 0, 9, np.empty((2, 2, 8), F))
-    values = (np.zeros((1, 1, 9, 8), F), 2, kc, np.array([0, 2]), np.array([9, 5]), 0, np.empty((2, 2, 8), F))
     return "\n".join(numba_cache.machine_code(_attend, *example) + numba_cache.machine_code(_lane_scores, *lanes)
-                     + numba_cache.machine_code(_weighted, *weighted) + numba_cache.machine_code(_lane_values, *values))
+                     + numba_cache.machine_code(_weighted, *weighted))

@@ -1,9 +1,10 @@
 """The canonical dot product (exact.dot's order) as LLVM IR generated for the
 CPU in front of us, for numba kernels: ``dot(w, x)`` and ``dot_rows(w, X, r0,
 n, out)`` (rows r0..r0+n-1 of X, n <= 8, every weight vector loaded once for
-all of them); and the attention's two kernels, ``key_scores`` (the scores of
-heads up to 64 wide, sixteen keys at a time) and ``value_lanes`` (value rows
-onto their lanes), whose IR is jit_ir's scores_ir and values_ir.
+all of them); and the attention's kernels, ``key_scores`` (the scores of
+heads up to 64 wide, sixteen keys at a time), ``query_scores`` (a KV head's
+queries one a lane) and ``row_values`` (one query's weighted values), whose
+IR is jit_ir's scores_ir, query_scores_ir and row_values_ir.
 
 Why IR: the definition keeps 128 running lanes (exact.REDUCE_LANES x
 REDUCE_VEC). Written in numba they live in a heap array, so each product
@@ -50,7 +51,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, register_jitable
 
 from .jit_ir import (BEST_ROWS, ISA, MAX_ROWS, QUERY_GROUPS, QUERY_LANES, _ir, chunk_rows,  # noqa: F401
-                     query_scores_ir, query_values_ir, scores_ir, values_ir)
+                     query_scores_ir, row_values_ir, scores_ir)
 
 DOT_ROWS = BEST_ROWS[ISA]   # rows a dot_rows call takes where a caller has more (chunk_rows)
 register_jitable(chunk_rows)
@@ -66,8 +67,8 @@ def _library(context):
     key = id(context.codegen())
     if key not in _LIBRARIES:
         lib = context.codegen().create_library("vkspec_dot")
-        for text in ([_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [values_ir(), scores_ir()]
-                     + [query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)] + [query_values_ir()]):
+        for text in ([_ir(rows) for rows in range(1, MAX_ROWS + 1)] + [row_values_ir(), scores_ir()]
+                     + [query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)]):
             module = llvm.parse_assembly(text)
             module.verify()
             lib.add_llvm_module(module)
@@ -159,25 +160,25 @@ def dot_rows(typingctx, w, x, r0, n, out):
 
 
 @intrinsic
-def value_lanes(typingctx, acc, p, vc, g, base, lo, hi):
-    """acc[j % 128, :] += p[j] * vc[base + j, g, :] for j = lo..hi-1 in turn
-    (jit_ir.values_ir); acc (128, hd), p and vc C-contiguous float32, vc
-    (L, nkv, hd), base + hi <= L."""
-    if not _c_arrays((acc, p, vc), (2, 1, 3)):
+def row_values(typingctx, p, vc, g, base, lo, hi, out):
+    """out[e] = dot(p[lo:hi], vc[base + lo:base + hi, g, e]) for every e <
+    hd in exact.dot's order, key j (from base, a multiple of 128) in lane
+    j mod 128 (jit_ir.row_values_ir); p (>= hi), vc (L, nkv, hd) and out
+    (hd) C-contiguous float32, base + hi <= L."""
+    if not _c_arrays((p, vc, out), (1, 3, 1)):
         return None
 
     def codegen(context, builder, sig, args):
         ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        aa, pa, va = linked_arrays(_library, context, builder, sig, args, 0, 1, 2)
-        g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(3, 7))
+        pa, va, oa = linked_arrays(_library, context, builder, sig, args, 0, 1, 6)
+        g, base, lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in range(2, 6))
         first, stride = _cache_row(builder, va, base, g)
-        hd = builder.extract_value(va.shape, 2)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr] + [i64] * 4),
-                                            "vkspec_value_lanes")
-        builder.call(fn, [builder.bitcast(aa.data, ptr), builder.bitcast(pa.data, ptr), builder.bitcast(first, ptr),
-                          stride, lo, hi, hd])
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, ptr] + [i64] * 4 + [ptr]),
+                                            "vkspec_row_values")
+        builder.call(fn, [builder.bitcast(pa.data, ptr), builder.bitcast(first, ptr), stride, lo, hi,
+                          builder.extract_value(va.shape, 2), builder.bitcast(oa.data, ptr)])
         return context.get_dummy_value()
-    return types.none(acc, p, vc, g, base, lo, hi), codegen
+    return types.none(p, vc, g, base, lo, hi, out), codegen
 
 
 @intrinsic
@@ -229,31 +230,6 @@ def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
                       lambda gr: cgutils.get_or_insert_function(builder.module, fn, f"vkspec_qscores{gr}"), call, "qscores")
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, qt, out, scale), codegen
-
-
-@intrinsic
-def query_values(typingctx, vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out):
-    """out[e * 8 + i] = dot(p_i, vc[t0:, g, e0 + e]) for e < 8 and the
-    QUERY_LANES queries whose probabilities are pt's columns (pt (keys,
-    QUERY_LANES), query i's keys lo[i] <= t < hi[i], int32; keys klo..khi-1
-    read, flo..fhi-1 every query's; jit_ir.query_values_ir); vc (L, nkv,
-    hd), pt, lo, hi and out (64) C-contiguous."""
-    if not (_c_arrays((vc, pt, out), (3, 2, 1)) and _c_arrays((lo, hi), (1, 1), types.int32)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
-        va, pa, la, ha, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 5, 6, 11)
-        g, t0, e0, klo, khi, flo, fhi = (context.cast(builder, args[i], sig.args[i], types.int64)
-                                         for i in (1, 2, 3, 7, 8, 9, 10))
-        row, vs = _cache_row(builder, va, t0, g)
-        v = builder.gep(row, [e0])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, ptr, ptr] + [i64] * 4
-                                                                            + [ptr]), "vkspec_qvalues")
-        builder.call(fn, [builder.bitcast(v, ptr), vs] + [builder.bitcast(a.data, ptr) for a in (pa, la, ha)]
-                     + [klo, khi, flo, fhi, builder.bitcast(oa.data, ptr)])
-        return context.get_dummy_value()
-    return types.none(vc, g, t0, e0, pt, lo, hi, klo, khi, flo, fhi, out), codegen
 
 
 def machine_code() -> str:

@@ -301,112 +301,99 @@ def query_scores_ir(groups: int) -> str:
     return "\n".join(L) + "\n"
 
 
-def query_values_ir() -> str:
-    """define void @vkspec_qvalues(ptr v, i64 v_stride, ptr pt, ptr lo, ptr
-    hi, i64 klo, i64 khi, i64 flo, i64 fhi, ptr out): out[e * 8 + i] =
-    dot(p_i, v[:, e]) for 8 value columns e and the 8 queries of pt (pt[t *
-    8 + i] = p_i[t], query i's probability of key t), query i's keys being
-    lo[i] <= t < hi[i] (i32 vectors); keys klo..khi-1 are read, and within
-    flo..fhi-1 every query's keys (no mask).
-
-    Why: the values' dot is the same for all the verify rows' queries of a
-    KV head, so with one query a lane each key's value is loaded once for
-    all of them and exact.dot's lanes and finish are vertical adds: lane j
-    (0..127) is +0 + p[t] * v[t] over keys t = j mod 128 in turn, then (a_4l
-    + a_4l+1) + (a_4l+2 + a_4l+3) = s_l, then s_i + s_i+h for h = 16 .. 1.
-    A key outside a query's range adds +0 to its lane (p * v could be 0 *
-    inf); no lane is ever -0, so that is the definition's lane."""
-    T, E = "<8 x float>", range(8)
-    L = ["define void @vkspec_qvalues(ptr %v, i64 %vs, ptr %pt, ptr %lo, ptr %hi, i64 %klo, i64 %khi, i64 %flo, "
-         "i64 %fhi, ptr %out) {", "entry:", f"  %sbuf = alloca {T}, i64 256, align 32",
-         "  %lov = load <8 x i32>, ptr %lo, align 4", "  %hiv = load <8 x i32>, ptr %hi, align 4", "  br label %grp",
-         "grp:", "  %l = phi i64 [0, %entry], [%ln, %lend]", "  %lmore = icmp ult i64 %l, 32",
-         "  br i1 %lmore, label %lane0, label %tree"]
-    prev = "grp"
-    for jj in range(4):                            # lane j = 4l + jj: its keys t = j, j + 128, ... in turn
-        a = f"{jj}"
-        L += [f"lane{a}:", f"  %l4.{a} = shl i64 %l, 2", f"  %j{a} = add i64 %l4.{a}, {jj}",
-              f"  %d{a} = sub i64 %klo, %j{a}", f"  %dp{a} = icmp sgt i64 %d{a}, 0",
-              f"  %dz{a} = select i1 %dp{a}, i64 %d{a}, i64 0", f"  %dr{a} = add i64 %dz{a}, 127",
-              f"  %dq{a} = lshr i64 %dr{a}, 7", f"  %ds{a} = shl i64 %dq{a}, 7", f"  %t0.{a} = add i64 %j{a}, %ds{a}",
-              f"  br label %key{a}", f"key{a}:", f"  %t{a} = phi i64 [%t0.{a}, %lane{a}], [%tn{a}, %join{a}]"]
-        L += [f"  %A{a}.{e} = phi {T} [zeroinitializer, %lane{a}], [%An{a}.{e}, %join{a}]" for e in E]
-        L += [f"  %more{a} = icmp slt i64 %t{a}, %khi", f"  br i1 %more{a}, label %kb{a}, label %{f'lane{jj + 1}' if jj < 3 else 'sum'}",
-              f"kb{a}:", f"  %po{a} = shl i64 %t{a}, 3", f"  %pp{a} = getelementptr float, ptr %pt, i64 %po{a}",
-              f"  %P{a} = load {T}, ptr %pp{a}, align 4", f"  %vo{a} = mul i64 %t{a}, %vs",
-              f"  %vr{a} = getelementptr float, ptr %v, i64 %vo{a}"]
-        for e in E:
-            L += [f"  %vp{a}.{e} = getelementptr float, ptr %vr{a}, i64 {e}", f"  %vx{a}.{e} = load float, ptr %vp{a}.{e}, align 4"]
-            L += _splat(f"vb{a}e{e}x", f"%vx{a}.{e}", 8, "float") + [f"  %pr{a}.{e} = fmul {T} %P{a}, %vb{a}e{e}x"]
-        L += [f"  %ge{a} = icmp sge i64 %t{a}, %flo", f"  %lt{a} = icmp slt i64 %t{a}, %fhi", f"  %all{a} = and i1 %ge{a}, %lt{a}",
-              f"  br i1 %all{a}, label %join{a}, label %mask{a}",
-              f"mask{a}:", f"  %t32.{a} = trunc i64 %t{a} to i32"]
-        L += _splat(f"tv{a}x", f"%t32.{a}", 8, "i32")
-        L += [f"  %mlo{a} = icmp sle <8 x i32> %lov, %tv{a}x", f"  %mhi{a} = icmp slt <8 x i32> %tv{a}x, %hiv",
-              f"  %m{a} = and <8 x i1> %mlo{a}, %mhi{a}"]
-        L += [f"  %pm{a}.{e} = select <8 x i1> %m{a}, {T} %pr{a}.{e}, {T} zeroinitializer" for e in E]
-        L += [f"  br label %join{a}", f"join{a}:"]
-        L += [f"  %pj{a}.{e} = phi {T} [%pr{a}.{e}, %kb{a}], [%pm{a}.{e}, %mask{a}]" for e in E]
-        L += [f"  %An{a}.{e} = fadd {T} %A{a}.{e}, %pj{a}.{e}" for e in E]
-        L += [f"  %tn{a} = add i64 %t{a}, 128", f"  br label %key{a}"]
-    L += ["sum:", "  %so = shl i64 %l, 3"]
-    for e in E:                                    # (a0 + a1) + (a2 + a3)
-        L += [f"  %x{e} = fadd {T} %A0.{e}, %A1.{e}", f"  %y{e} = fadd {T} %A2.{e}, %A3.{e}",
-              f"  %s{e} = fadd {T} %x{e}, %y{e}", f"  %sq{e} = add i64 %so, {e}",
-              f"  %sp{e} = getelementptr {T}, ptr %sbuf, i64 %sq{e}", f"  store {T} %s{e}, ptr %sp{e}, align 32"]
-    L += ["  br label %lend", "lend:", "  %ln = add i64 %l, 1", "  br label %grp", "tree:"]
-    for e in E:                                    # s_i + s_i+h, h = 16 .. 1
-        cur = []
-        for i in range(32):
-            L += [f"  %tp{e}.{i} = getelementptr {T}, ptr %sbuf, i64 {8 * i + e}",
-                  f"  %tl{e}.{i} = load {T}, ptr %tp{e}.{i}, align 32"]
-            cur.append(f"%tl{e}.{i}")
-        h = 16
-        while h:
-            for i in range(h):
-                L.append(f"  %tr{e}.{h}.{i} = fadd {T} {cur[i]}, {cur[i + h]}")
-                cur[i] = f"%tr{e}.{h}.{i}"
-            h //= 2
-        L += [f"  %op{e} = getelementptr float, ptr %out, i64 {8 * e}", f"  store {T} {cur[0]}, ptr %op{e}, align 4"]
-    L += ["  ret void", "}"]
-    return "\n".join(L) + "\n"
+ROW_VALUES_VECTORS = 4      # vectors of columns a row_values pass holds per lane (4 lanes live: 16 registers on AVX2)
 
 
-def values_ir(isa: str = ISA) -> str:
-    """define void @vkspec_value_lanes(ptr acc, ptr p, ptr v, i64 v_stride,
-    i64 lo, i64 hi, i64 d): for j = lo..hi-1 in turn, acc[(j & 127) * d + e]
-    += p[j] * v[j * v_stride + e] for every e < d: the attention's weighted
-    sum of value rows, key j in lane j mod 128 (jit._columns's terms).
+def row_values_ir(isa: str = ISA) -> str:
+    """define void @vkspec_row_values(ptr p, ptr v, i64 v_stride, i64 lo,
+    i64 hi, i64 d, ptr out): out[e] = dot(p, v[:, e]) over keys lo <= j <
+    hi for every column e < d, key j in lane j mod 128 (its probability
+    p[j], its value row v + j * v_stride): one query's attention values, in
+    exact.dot's order.
 
-    Why IR: numba's loop over e re-checks aliasing for every key, three times
-    the arithmetic at d = 64. One fmul then one fadd, no fast-math flags."""
-    V, _ = ISAS[isa]
+    Why: the values as lanes in memory (acc (128, d) zeroed, each key's row
+    loaded, added and stored back, then folded) cost a store a product and
+    a 32 KB clear a head, and the verify rows' one-query-a-lane kernel ran
+    a loop per lane of one or two keys for each 8 columns of 8 queries:
+    SmolLM2's values ran at ~1.5 products a cycle. Here a pass takes W =
+    4 vectors of columns; for each lane quad l its four lanes run over
+    their keys in registers (lane j: +0, then + p[t] * v[t] for t = j, j +
+    128, ... in [lo, hi)), s_l = (a_4l + a_4l+1) + (a_4l+2 + a_4l+3) is
+    parked, and the 32 s_l of each vector go through the tree (s_i + s_i+h,
+    h = 16 .. 1). Keys outside [lo, hi) add the definition's +0 (their
+    probability is +0 and a value before a window reads as 0), so they are
+    skipped; no lane is ever -0. One fmul then one fadd, no fast-math flags."""
+    V, C = ISAS[isa][0], ROW_VALUES_VECTORS
     T, M = f"<{V} x float>", f"<{V} x i1>"
-    L = ["define void @vkspec_value_lanes(ptr %acc, ptr %p, ptr %v, i64 %vs, i64 %lo, i64 %hi, i64 %d) {",
-         "entry:", f"  %full = udiv i64 %d, {V}", f"  %tb = mul i64 %full, {V}", "  %rest = sub i64 %d, %tb",
-         "  %anytail = icmp ne i64 %rest, 0"]
-    L += _splat("rs", "%rest", V, "i64")
-    L += [f"  %m = icmp ult <{V} x i64> {_consts(range(V), 'i64')}, %rs", "  br label %key",
-          "key:", "  %j = phi i64 [%lo, %entry], [%jn, %next]", "  %more = icmp slt i64 %j, %hi",
-          "  br i1 %more, label %row, label %exit",
-          "row:", "  %pp = getelementptr float, ptr %p, i64 %j", "  %pj = load float, ptr %pp, align 4"]
-    L += _splat("ps", "%pj", V, "float")
-    L += ["  %lane = and i64 %j, 127", "  %ao = mul i64 %lane, %d", "  %arow = getelementptr float, ptr %acc, i64 %ao",
-          "  %vo = mul i64 %j, %vs", "  %vrow = getelementptr float, ptr %v, i64 %vo", "  br label %chunk",
-          "chunk:", "  %c = phi i64 [0, %row], [%cn, %body]", "  %inner = icmp ult i64 %c, %tb",
-          "  br i1 %inner, label %body, label %tail",
-          "body:", "  %ap = getelementptr float, ptr %arow, i64 %c", "  %vp = getelementptr float, ptr %vrow, i64 %c",
-          f"  %a = load {T}, ptr %ap, align 4", f"  %x = load {T}, ptr %vp, align 4",
-          f"  %pr = fmul {T} %ps, %x", f"  %s = fadd {T} %a, %pr", f"  store {T} %s, ptr %ap, align 4",
-          f"  %cn = add i64 %c, {V}", "  br label %chunk",
-          "tail:", "  br i1 %anytail, label %masked, label %next",
-          "masked:", "  %tap = getelementptr float, ptr %arow, i64 %tb", "  %tvp = getelementptr float, ptr %vrow, i64 %tb",
-          f"  %ta = call {T} @llvm.masked.load.v{V}f32.p0(ptr %tap, i32 4, {M} %m, {T} zeroinitializer)",
-          f"  %tx = call {T} @llvm.masked.load.v{V}f32.p0(ptr %tvp, i32 4, {M} %m, {T} zeroinitializer)",
-          f"  %tpr = fmul {T} %ps, %tx", f"  %ts = fadd {T} %ta, %tpr",
-          f"  call void @llvm.masked.store.v{V}f32.p0({T} %ts, ptr %tap, i32 4, {M} %m)", "  br label %next",
-          "next:", "  %jn = add i64 %j, 1", "  br label %key",
-          "exit:", "  ret void", "}",
+    W = V * C
+    L = ["define void @vkspec_row_values(ptr %p, ptr %v, i64 %vs, i64 %lo, i64 %hi, i64 %d, ptr %out) {",
+         "entry:", f"  %sbuf = alloca {T}, i64 {32 * C}, align 64"] + _splat("dv", "%d", V, "i64")
+    L += ["  br label %chunk", "chunk:", "  %c0 = phi i64 [0, %entry], [%c0n, %full.done]",
+          f"  %c0e = add i64 %c0, {W}", "  %whole = icmp ule i64 %c0e, %d", "  br i1 %whole, label %full, label %last",
+          "last:", "  %any = icmp ult i64 %c0, %d", "  br i1 %any, label %part, label %exit"]
+
+    def body(pf: str, masked: bool, after: str) -> list[str]:
+        B = []
+        if masked:                                          # column c0 + V k + e < d
+            for k in range(C):
+                B += _splat(f"{pf}.cs{k}x", f"%c0", V, "i64") + [
+                    f"  %{pf}.col{k} = add <{V} x i64> %{pf}.cs{k}x, {_consts(range(V * k, V * k + V), 'i64')}",
+                    f"  %{pf}.m{k} = icmp ult <{V} x i64> %{pf}.col{k}, %dv"]
+
+        def load(ptr, k):
+            return (f"call {T} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, {M} %{pf}.m{k}, {T} zeroinitializer)"
+                    if masked else f"load {T}, ptr {ptr}, align 4")
+
+        B += [f"  br label %{pf}.l", f"{pf}.l:", f"  %{pf}.li = phi i64 [0, %{pf}], [%{pf}.ln, %{pf}.sum]",
+              f"  %{pf}.lmore = icmp ult i64 %{pf}.li, 32", f"  br i1 %{pf}.lmore, label %{pf}.q0, label %{pf}.tree"]
+        for i in range(4):                                  # lane j = 4 l + i
+            q = f"{pf}.q{i}"
+            nxt = f"{pf}.q{i + 1}" if i < 3 else f"{pf}.sum"
+            B += [f"{q}:", f"  %{q}.l4 = shl i64 %{pf}.li, 2", f"  %{q}.j = add i64 %{q}.l4, {i}",
+                  f"  %{q}.dd = sub i64 %lo, %{q}.j", f"  %{q}.dp = icmp sgt i64 %{q}.dd, 0",
+                  f"  %{q}.dz = select i1 %{q}.dp, i64 %{q}.dd, i64 0", f"  %{q}.dr = add i64 %{q}.dz, 127",
+                  f"  %{q}.dq = lshr i64 %{q}.dr, 7", f"  %{q}.ds = shl i64 %{q}.dq, 7",
+                  f"  %{q}.t0 = add i64 %{q}.j, %{q}.ds", f"  br label %{q}.k",
+                  f"{q}.k:", f"  %{q}.t = phi i64 [%{q}.t0, %{q}], [%{q}.tn, %{q}.kb]"]
+            B += [f"  %{q}.a{k} = phi {T} [zeroinitializer, %{q}], [%{q}.an{k}, %{q}.kb]" for k in range(C)]
+            B += [f"  %{q}.more = icmp slt i64 %{q}.t, %hi", f"  br i1 %{q}.more, label %{q}.kb, label %{nxt}",
+                  f"{q}.kb:", f"  %{q}.pp = getelementptr float, ptr %p, i64 %{q}.t",
+                  f"  %{q}.pt = load float, ptr %{q}.pp, align 4"] + _splat(f"{q}.ps", f"%{q}.pt", V, "float")
+            B += [f"  %{q}.vo = mul i64 %{q}.t, %vs", f"  %{q}.vc = add i64 %{q}.vo, %c0"]
+            for k in range(C):
+                B += [f"  %{q}.vi{k} = add i64 %{q}.vc, {V * k}", f"  %{q}.vp{k} = getelementptr float, ptr %v, i64 %{q}.vi{k}",
+                      f"  %{q}.x{k} = {load(f'%{q}.vp{k}', k)}", f"  %{q}.pr{k} = fmul {T} %{q}.ps, %{q}.x{k}",
+                      f"  %{q}.an{k} = fadd {T} %{q}.a{k}, %{q}.pr{k}"]
+            B += [f"  %{q}.tn = add i64 %{q}.t, 128", f"  br label %{q}.k"]
+        B += [f"{pf}.sum:", f"  %{pf}.so = mul i64 %{pf}.li, {C}"]
+        for k in range(C):                                  # (a_4l + a_4l+1) + (a_4l+2 + a_4l+3)
+            a = [f"%{pf}.q{i}.a{k}" for i in range(4)]
+            B += [f"  %{pf}.x{k} = fadd {T} {a[0]}, {a[1]}", f"  %{pf}.y{k} = fadd {T} {a[2]}, {a[3]}",
+                  f"  %{pf}.s{k} = fadd {T} %{pf}.x{k}, %{pf}.y{k}", f"  %{pf}.si{k} = add i64 %{pf}.so, {k}",
+                  f"  %{pf}.sp{k} = getelementptr {T}, ptr %sbuf, i64 %{pf}.si{k}",
+                  f"  store {T} %{pf}.s{k}, ptr %{pf}.sp{k}, align 32"]
+        B += [f"  %{pf}.ln = add i64 %{pf}.li, 1", f"  br label %{pf}.l", f"{pf}.tree:"]
+        for k in range(C):                                  # s_i + s_i+h, h = 16 .. 1
+            cur = []
+            for l in range(32):
+                B += [f"  %{pf}.tp{k}.{l} = getelementptr {T}, ptr %sbuf, i64 {C * l + k}",
+                      f"  %{pf}.tl{k}.{l} = load {T}, ptr %{pf}.tp{k}.{l}, align 32"]
+                cur.append(f"%{pf}.tl{k}.{l}")
+            h = 16
+            while h:
+                for l in range(h):
+                    B.append(f"  %{pf}.h{k}.{h}.{l} = fadd {T} {cur[l]}, {cur[l + h]}")
+                    cur[l] = f"%{pf}.h{k}.{h}.{l}"
+                h //= 2
+            B += [f"  %{pf}.oi{k} = add i64 %c0, {V * k}", f"  %{pf}.op{k} = getelementptr float, ptr %out, i64 %{pf}.oi{k}"]
+            B.append(f"  call void @llvm.masked.store.v{V}f32.p0({T} {cur[0]}, ptr %{pf}.op{k}, i32 4, {M} %{pf}.m{k})"
+                     if masked else f"  store {T} {cur[0]}, ptr %{pf}.op{k}, align 4")
+        return B + [f"  br label %{after}"]
+
+    L += ["full:"] + body("full", False, "full.done")
+    L += ["full.done:", f"  %c0n = add i64 %c0, {W}", "  br label %chunk"]
+    L += ["part:"] + body("part", True, "exit")
+    L += ["exit:", "  ret void", "}",
           f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, {M}, {T})",
           f"declare void @llvm.masked.store.v{V}f32.p0({T}, ptr, i32, {M})"]
     return "\n".join(L) + "\n"

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 
 from .jit_ir import (ISA, ISAS, MAX_ROWS, QUERY_GROUPS, _consts, _ir, finish, narrow, query_scores_ir,
-                     query_values_ir, scores_ir, unpack_ir, values_ir)
+                     row_values_ir, scores_ir, unpack_ir)
 
 
 @dataclass(frozen=True)
@@ -634,6 +634,6 @@ def blocks_ir(isa: str = ISA) -> str:
 
 def ir_digest(isa: str = ISA) -> str:
     """Names the numba cache folder: every generated IR the kernels link."""
-    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa) + values_ir(isa) + scores_ir()
-    text += "".join(query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1)) + query_values_ir()
+    text = "".join(_ir(r, isa) for r in range(1, MAX_ROWS + 1)) + unpack_ir() + blocks_ir(isa) + row_values_ir(isa) + scores_ir()
+    text += "".join(query_scores_ir(g) for g in range(1, QUERY_GROUPS + 1))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
