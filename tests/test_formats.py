@@ -54,6 +54,32 @@ def test_gemv_over_blocks_is_exact_gemv_of_the_values_on_cpu_and_device(fmt, vk,
         monkeypatch.setattr(jit, "ENABLED", True)
 
 
+def test_block_gemv_takes_every_row_block_once_whatever_the_threads():
+    """The threads of a block GEMV take its 16-row blocks from one shared
+    count (jit_blocks._gemv: guided shares, then single blocks), so which
+    thread computes a block, and when, varies from call to call: with one
+    thread, with two, and with fewer blocks than threads, one call over
+    three matrices (1 + 3 + 7 blocks, the last one partial) gives every
+    row exact.gemv's bits (a block nobody took would leave np.empty's
+    garbage), for 1 row (fused kernel) and 5 rows (staged)."""
+    import numba
+    rng = np.random.default_rng(4)
+    ws = [random_weight("q4_1", rows, 256, rng) for rows in (16, 40, 100)]
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS), numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(threads)
+            for n in (1, 5):
+                for _ in range(3):
+                    got = ops.gemvs(ws, x[:n])
+                    for w, g in zip(ws, got, strict=True):
+                        bits_equal(g, exact.gemv(dequantize(w), x[:n]))
+                bits_equal(ops.gemv(ws[0], x[:n]), exact.gemv(dequantize(ws[0]), x[:n]))   # one block, all threads
+    finally:
+        numba.set_num_threads(before)
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q4_1", "f32"])
 def test_reordered_rows_permute_outputs_not_bytes(vk, fmt):
     """A matrix read in another row order (QWeight.order): the CPU's kernel

@@ -22,7 +22,7 @@ from numba import njit, prange
 from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
-from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, dot_rows
+from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, claim, dot_rows, threads
 from .jit_ir_blocks import CODES
 from .jit_unpack import (FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, STAGED, gemv_fused, order_staged,
                          order_x, unpack)
@@ -300,7 +300,15 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
     x is first replaced by rmsnorm(x, nw, eps) where nw is not empty, or by
     ELEMENTWISE[act](x) * up where up is not empty (jit_math's kernels, so
     the same bits): one call less between kernels, whose Python and
-    dispatch cost ~8 us each in a layer (SmolLM2, one row)."""
+    dispatch cost ~8 us each in a layer (SmolLM2, one row).
+
+    The threads take the row blocks from one shared count (jit_dot.claim),
+    half of what is left over the workers at a time, not a fixed half
+    each: a core that is slower for a while (another program on it, an
+    efficiency core, a noisy neighbour of a guest) no longer holds the
+    others at the end of every GEMV. With a busy loop on one of the Zen 3
+    guest's two cores, a 4-row SmolLM2 forward took 60-71 ms against 91-103
+    (medians of 60). Each block is still one thread's, so no bit moves."""
     if nw.shape[0]:
         xn = np.empty_like(x)
         jit_math._rms_rows(x, nw, x, eps, F(1.0 / x.shape[1]), False, xn)
@@ -321,13 +329,22 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
     b0 = (d0.shape[0] + BLOCK - 1) // BLOCK
     b1 = (d1.shape[0] + BLOCK - 1) // BLOCK if count > 1 else 0
     b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0
-    for item in prange(b0 + b1 + b2):
-        code, data, sc, dest, out, b = codes[0], d0, s0, p0, o0, item
-        if item >= b0 + b1:
-            code, data, sc, dest, out, b = codes[2], d2, s2, p2, o2, item - b0 - b1
-        elif item >= b0:
-            code, data, sc, dest, out, b = codes[1], d1, s1, p1, o1, item - b0
-        _rows_to(code, data, sc, x, xp, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
+    total = b0 + b1 + b2
+    workers = min(threads(), total)
+    taken = np.zeros(1, np.int64)
+    for _ in prange(workers):                       # one worker a thread, each taking items until none are left
+        while True:
+            size = max(1, (total - taken[0]) // (2 * workers))       # guided: big shares first, small at the end
+            first = claim(taken, size)
+            if first >= total:
+                break
+            for item in range(first, min(first + size, total)):
+                code, data, sc, dest, out, b = codes[0], d0, s0, p0, o0, item
+                if item >= b0 + b1:
+                    code, data, sc, dest, out, b = codes[2], d2, s2, p2, o2, item - b0 - b1
+                elif item >= b0:
+                    code, data, sc, dest, out, b = codes[1], d1, s1, p1, o1, item - b0
+                _rows_to(code, data, sc, x, xp, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}

@@ -232,6 +232,36 @@ def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
     return types.none(kc, g, t0, nkeys, qt, out, scale), codegen
 
 
+@intrinsic
+def threads(typingctx):
+    """The threads a parallel loop runs on now (numba.get_num_threads), read
+    through the threading layer's own symbol as numba's parallel loops read
+    it: numba's get_num_threads calls a ctypes pointer, and a function that
+    holds one is not cached."""
+    from numba.np.ufunc.parallel import _launch_threads
+    _launch_threads()
+
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []), "get_num_threads")
+        return builder.call(fn, [])
+    return types.intp(), codegen
+
+
+@intrinsic
+def claim(typingctx, counter, n):
+    """counter[0] += n as one atomic step; returns the value before: the
+    first of n work items a thread takes from a queue shared by the threads
+    of a parallel loop (counter a C-contiguous int64 array)."""
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64 and counter.layout == "C"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ca = context.make_array(sig.args[0])(context, builder, args[0])
+        n = context.cast(builder, args[1], sig.args[1], types.int64)
+        return builder.atomic_rmw("add", ca.data, n, "seq_cst")
+    return types.int64(counter, n), codegen
+
+
 def machine_code() -> str:
     """The kernels' own assembly (in callers' inspect_asm they are inlined,
     hard to tell apart); call after a caller has compiled."""
