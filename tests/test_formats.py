@@ -55,9 +55,9 @@ def test_gemv_over_blocks_is_exact_gemv_of_the_values_on_cpu_and_device(fmt, vk,
 
 
 def test_block_gemv_takes_every_row_block_once_whatever_the_threads():
-    """The threads of a block GEMV take its 16-row blocks from one shared
-    count (jit_blocks._gemv: guided shares, then single blocks), so which
-    thread computes a block, and when, varies from call to call: with one
+    """The threads of a block GEMV compute a fixed share of its 16-row
+    blocks each and take the rest from one shared count (jit_blocks._gemv),
+    so which thread computes a block, and when, varies from call to call: with one
     thread, with two, and with fewer blocks than threads, one call over
     three matrices (1 + 3 + 7 blocks, the last one partial) gives every
     row exact.gemv's bits (a block nobody took would leave np.empty's

@@ -302,13 +302,17 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
     the same bits): one call less between kernels, whose Python and
     dispatch cost ~8 us each in a layer (SmolLM2, one row).
 
-    The threads take the row blocks from one shared count (jit_dot.claim),
-    half of what is left over the workers at a time, not a fixed half
-    each: a core that is slower for a while (another program on it, an
-    efficiency core, a noisy neighbour of a guest) no longer holds the
-    others at the end of every GEMV. With a busy loop on one of the Zen 3
-    guest's two cores, a 4-row SmolLM2 forward took 60-71 ms against 91-103
-    (medians of 60). Each block is still one thread's, so no bit moves."""
+    Each thread first computes its own fixed share of the row blocks (three
+    quarters of them in all), then takes the rest from one shared count
+    (jit_dot.claim), half of what is left over the workers at a time, so a
+    core that is slower for a while (another program on it, an efficiency
+    core, a busy neighbour of a guest) no longer holds the others at the
+    end of every GEMV. On the Zen 3 guest, the whole model's GEMVs timed in
+    one process against a fixed half each, alternating: the same minima
+    (1 row 6.99 vs 6.99 ms, 4 rows 14.80 vs 15.19, 6 rows 19.25 vs 19.38),
+    medians in its noisy periods 8.29 vs 8.86, 16.08 vs 17.60, 21.77 vs
+    22.72; every block taken from the count cost 2-5% at 6 rows. Each block
+    is still one thread's, so no bit moves."""
     if nw.shape[0]:
         xn = np.empty_like(x)
         jit_math._rms_rows(x, nw, x, eps, F(1.0 / x.shape[1]), False, xn)
@@ -331,13 +335,11 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
     b2 = (d2.shape[0] + BLOCK - 1) // BLOCK if count > 2 else 0
     total = b0 + b1 + b2
     workers = min(threads(), total)
-    taken = np.zeros(1, np.int64)
-    for _ in prange(workers):                       # one worker a thread, each taking items until none are left
+    share = total * 3 // (4 * workers)              # each worker's own first blocks: three quarters in all
+    taken = np.full(1, share * workers, np.int64)    # the rest are taken from one count as workers free up
+    for w in prange(workers):
+        first, size = w * share, share
         while True:
-            size = max(1, (total - taken[0]) // (2 * workers))       # guided: big shares first, small at the end
-            first = claim(taken, size)
-            if first >= total:
-                break
             for item in range(first, min(first + size, total)):
                 code, data, sc, dest, out, b = codes[0], d0, s0, p0, o0, item
                 if item >= b0 + b1:
@@ -345,6 +347,10 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
                 elif item >= b0:
                     code, data, sc, dest, out, b = codes[1], d1, s1, p1, o1, item - b0
                 _rows_to(code, data, sc, x, xp, out, b * BLOCK, min(data.shape[0], b * BLOCK + BLOCK), dest)
+            size = max(1, (total - taken[0]) // (2 * workers))      # guided: half of what is left over the workers
+            first = claim(taken, size)
+            if first >= total:
+                break
 
 
 _NO_SCALES: dict[int, np.ndarray] = {}
