@@ -222,14 +222,18 @@ def stream_in_background(s, prompt, max_tokens, model="echo0"):
     state = {"frames": 0, "done": False, "first": threading.Event()}
 
     def read():
-        with httpx.stream("POST", s.url + "/v1/completions", timeout=120, headers=JSON,
-                          content=json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                                              "stream": True, "temperature": 0})) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    state["frames"] += 1
-                    if state["frames"] >= 3:
-                        state["first"].set()
+        try:
+            with httpx.stream("POST", s.url + "/v1/completions", timeout=120, headers=JSON,
+                              content=json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                  "stream": True, "temperature": 0})) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        state["frames"] += 1
+                        if state["frames"] >= 3:
+                            state["first"].set()
+        except httpx.TransportError as e:       # the server stopped mid-stream (the signal test)
+            state["error"] = e
+            return
         state["done"] = True
     t = threading.Thread(target=read)
     t.start()
