@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
+from . import jit_ir
 from .jit_ir import (ISA, ISAS, MAX_ROWS, QUERY_GROUPS, _consts, _ir, finish, narrow, query_scores_ir,
                      row_values_ir, scores_ir, unpack_ir)
 
@@ -123,8 +124,7 @@ def _halves(g: str, fields: list[tuple[str, str]], isa: str) -> list[str]:
 
 
 def _splat(name: str, value: str, n: int = 32) -> list[str]:
-    return [f"  %{name}1 = insertelement <{n} x float> poison, float {value}, i64 0",
-            f"  %{name} = shufflevector <{n} x float> %{name}1, <{n} x float> poison, <{n} x i32> zeroinitializer"]
+    return jit_ir._splat(name, value, n, "float")
 
 
 def _byte(name: str, base: str, at: int) -> list[str]:
