@@ -40,6 +40,7 @@ def test_priors_expected_tokens_and_unmeasured_cost():
     s = g.source("mtp")
     assert [round(s.a(j), 6) for j in (1, 2, 3, 4)] == [0.8, 0.6, 0.5, 0.5]
     assert g.source("lookup").a(1) == 0.5
+    assert g.source("lookup/copy").a(1) == 0.9                # a copy in progress
     assert g.expected([0.8, 0.6, 0.5]) == pytest.approx(1 + 0.8 + 0.48 + 0.24)
     assert g.rho == 0.5                                   # nothing measured
     assert g.cost_rows(4) == pytest.approx(1 + 3 * 0.5)
@@ -186,7 +187,7 @@ def test_prompt_lookup_longest_suffix_at_its_most_recent_occurrence():
     assert prop.tokens == [8, 8, 7, 1, 2]                  # the 4-gram [7, 1, 2, 3]
     assert lk.propose([1, 2, 3], 4, 0, 5) is None          # no earlier occurrence
     assert lk.propose([1, 2, 9, 1], 2, 0, 2).tokens == [9, 1]
-    assert PromptLookup(9).max_drafts == 5
+    assert PromptLookup(9).max_drafts == 7
 
 
 def test_prompt_lookup_tells_a_copy_in_progress_from_a_fresh_match():

@@ -6,7 +6,7 @@ Keys (TOML, top level or under [spec]; flags override the file):
   spec_mtp_recurrent_snapshots   S, recurrent copy slots at most (0..7, default 7)
   spec_mtp_fr_vocab_size         N, the MTP draft vocabulary's most-used ids (0: all; 16000)
   spec_gate                      true: the gate picks the depth; false: every proposal in full
-  spec_lookup_max                prompt-lookup drafts at most (1..5, default 5)
+  spec_lookup_max                prompt-lookup drafts at most (1..7, default 7; the gate and K cap it too)
   spec_gate_pstep                true: the MTP head's own probabilities trim each step's
                                  drafts and stop deeper ones (per-step confidence; false)
 """
@@ -31,7 +31,7 @@ class SpecConfig:
     spec_mtp_recurrent_snapshots: int = 7
     spec_mtp_fr_vocab_size: int = 16000
     spec_gate: bool = True
-    spec_lookup_max: int = 5
+    spec_lookup_max: int = 7
     spec_gate_pstep: bool = False
 
     def check(self, src: str = "settings") -> "SpecConfig":
@@ -41,7 +41,7 @@ class SpecConfig:
             raise VkspecError(f"spec_mode {self.spec_mode} is not available: no compatible draft artifact "
                               "or graph exists for it (vkspec never substitutes another algorithm)")
         for key, lo, hi in (("spec_draft_max", 1, MAX_DRAFTS), ("spec_mtp_recurrent_snapshots", 0, MAX_DRAFTS),
-                            ("spec_lookup_max", 1, 5), ("spec_mtp_fr_vocab_size", 0, 1 << 30)):
+                            ("spec_lookup_max", 1, MAX_DRAFTS), ("spec_mtp_fr_vocab_size", 0, 1 << 30)):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
                 raise VkspecError(f"{src}: {key} = {v!r} is out of range ({lo}..{hi})")

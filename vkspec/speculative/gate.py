@@ -3,8 +3,12 @@
 Terms:
 * a_j: the running probability that draft j is accepted when the drafts
   before it were. It starts at the source's prior (MTP 0.8, 0.6, 0.5, then
-  0.5; lookup 0.5), worth PRIOR_WEIGHT pseudo-verifies, and remembers about
-  MEMORY verifies (older evidence is scaled down).
+  0.5; a fresh lookup match 0.5; a lookup copy in progress 0.9, since the
+  output has followed that text since the last proposal: copies were accepted
+  at 0.95-0.98 on a code edit, and from 0.5 the first five copy rounds of an
+  output drafted 0 to 4 tokens while the rate climbed), worth PRIOR_WEIGHT
+  pseudo-verifies, and remembers about MEMORY verifies (older evidence is
+  scaled down).
 * T(n): the measured seconds of an n-row forward: the lower quartile of its
   last SAMPLES forwards (the minimum of up to three). Timing noise on a
   shared machine is upward (preemption, the first step after a prefill), and
@@ -56,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,)}
+PRIORS = {"mtp": (0.8, 0.6, 0.5), "lookup": (0.5,), "lookup/copy": (0.9,)}
 PRIOR_WEIGHT = 2.0
 MEMORY = 16.0
 PROBE_EVERY = 16
