@@ -2,11 +2,16 @@
 process, rounds interleaved; prints one table (markdown) and writes JSON.
 
     python tests/bench/vs_llama.py MODEL.gguf [--rounds 3] [-n 96] [--backends cpu,vulkan]
-                                   [--peer DIR] [--out out/vs_llama.json]
+                                   [--peer DIR] [--peer-vulkan DIR] [--out out/vs_llama.json]
 
 The peer is llama.cpp 0c1e57098 (../shared/peer/build-llama-cpp.sh prints its
-bin folder; --peer or $LLAMA_BIN). The prompt is `vkspec bench`'s code edit,
-rendered with the model's chat template, fed to both as the same text.
+bin folder; --peer or $LLAMA_BIN). With --peer-vulkan (the bin folder that
+tests/bench/build_llama_vulkan.sh prints), vkspec's vulkan rows are compared
+with llama.cpp's Vulkan backend on the same Vulkan device (all layers on it,
+GGML_VK_VISIBLE_DEVICES=0: the first device, Lavapipe where it is the only
+one; it has no lookup row); without it, with llama.cpp's CPU backend. The
+prompt is `vkspec bench`'s code edit, rendered with the model's chat
+template, fed to both as the same text.
 
 Rows (medians over the rounds):
 * start: wall time and peak RSS (/usr/bin/time %M) of a run that generates
@@ -79,10 +84,10 @@ _EVAL = re.compile(r"(prompt eval|eval) time =\s*([\d.]+) ms /\s*(\d+) (?:tokens
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 
 
-def llama(bin_dir, tool, model, prompt_file, n, extra=()):
+def llama(bin_dir, tool, model, prompt_file, n, extra=(), env=None):
     cmd = [Path(bin_dir) / tool, "-m", model, "-f", prompt_file, "-n", n, "--temp", "0", "-t", "2",
            "--no-escape", *extra]
-    wall, rss, out, err = timed(cmd)
+    wall, rss, out, err = timed(cmd, env)
     got = dict(wall=wall, rss=rss)
     for kind, _, _, rate in _EVAL.findall(err):
         got["prefill_tok_s" if kind == "prompt eval" else "decode_tok_s"] = float(rate)
@@ -101,6 +106,8 @@ def main() -> int:
     ap.add_argument("--peer", default=os.environ.get("LLAMA_BIN", str(Path.home() / ".cache/vkspec-peer/build-cpu/bin")),
                     help="llama.cpp's bin folder (docs/performance.md: a build without AMX where the "
                          "VM advertises AMX it cannot run)")
+    ap.add_argument("--peer-vulkan", default=None,
+                    help="llama.cpp's Vulkan build's bin folder (tests/bench/build_llama_vulkan.sh)")
     ap.add_argument("--out", default="out/vs_llama.json")
     a = ap.parse_args()
     text, n_prompt = rendered_prompt(a.model)
@@ -121,6 +128,10 @@ def main() -> int:
         add("llama.cpp cpu ngram", llama(a.peer, "llama-speculative-simple", a.model, pf, a.n,
                                          ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
                                           "--spec-ngram-simple-size-m", "16")))
+        if a.peer_vulkan and "vulkan" in a.backends.split(","):
+            venv, gpu = dict(env, GGML_VK_VISIBLE_DEVICES="0"), completion + ("-ngl", "99")
+            add("llama.cpp vulkan start", llama(a.peer_vulkan, "llama-completion", a.model, pf, 1, gpu, venv))
+            add("llama.cpp vulkan plain", llama(a.peer_vulkan, "llama-completion", a.model, pf, a.n, gpu, venv))
         for backend in a.backends.split(","):
             add(f"vkspec {backend} start", vkspec_run(a.model, pf, 1, backend, "off", env))
             add(f"vkspec {backend} plain", vkspec_run(a.model, pf, a.n, backend, "off", env))
@@ -135,7 +146,7 @@ def main() -> int:
     for backend in a.backends.split(","):
         same = all(lk["tokens"] == pl["tokens"][:len(lk["tokens"])] for lk, pl in zip(runs[f"vkspec {backend} lookup"],
                                                                                         runs[f"vkspec {backend} plain"]))
-        peer = "cpu"
+        peer = "vulkan" if backend == "vulkan" and a.peer_vulkan else "cpu"
         best_lookup = max(m(f"llama.cpp {peer} lookup8", "decode_tok_s") or 0,
                           m(f"llama.cpp {peer} ngram", "decode_tok_s") or 0)
         rows += [
@@ -147,7 +158,7 @@ def main() -> int:
             (f"{backend}: plain decode tok/s", m(f"vkspec {backend} plain", "decode_tok_s"),
              m(f"llama.cpp {peer} plain", "decode_tok_s")),
             (f"{backend}: lookup decode tok/s (text same as plain: {'yes' if same else 'NO'})",
-             m(f"vkspec {backend} lookup", "decode_tok_s"), best_lookup),
+             m(f"vkspec {backend} lookup", "decode_tok_s"), best_lookup or None),
             (f"{backend}: whole request wall s (-n {a.n})", m(f"vkspec {backend} plain", "wall"),
              m(f"llama.cpp {peer} plain", "wall")),
         ]
@@ -155,7 +166,8 @@ def main() -> int:
     flags = open("/proc/cpuinfo").read()
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
     print(f"{Path(a.model).name}, {a.rounds} interleaved rounds, medians; {cpu} ({isa}), {os.cpu_count()} cores, "
-          f"{platform.python_version()}; llama.cpp peer: its CPU backend, 2 threads\n")
+          f"{platform.python_version()}; llama.cpp peer: its CPU backend, 2 threads"
+          + ("; vulkan rows: its Vulkan backend on the same device, all layers" if a.peer_vulkan else "") + "\n")
     print("| measure | vkspec | llama.cpp | ratio |\n| --- | --- | --- | --- |")
     for name, ours, theirs in rows:
         ratio = ours / theirs if ours and theirs else None
