@@ -190,6 +190,19 @@ def test_prompt_lookup_longest_suffix_at_its_most_recent_occurrence():
     assert PromptLookup(9).max_drafts == 7
 
 
+def test_a_copy_in_progress_drafts_deep_from_its_first_round():
+    """On the CPU's verify cost (T(n)/T(1) of SmolLM2 on a Zen 3), a copy in
+    progress drafts 3 or more on its prior alone, a fresh match 1: from the
+    fresh match's 0.5 the first copy rounds of an output drafted 0 to 4."""
+    g = Gate(7)
+    for n, c in enumerate((1.00, 1.22, 1.68, 1.81, 2.16, 2.52, 2.82, 3.07), 1):
+        g.record_forward(n, 0.01 * c)
+    assert g.plan("lookup", passes=0) == 1
+    assert g.plan("lookup/copy", passes=0) >= 3
+    g.source("lookup/copy").rates = [Rate(0.97 * 16, 16) for _ in range(7)]   # as the code edit's copies go
+    assert g.plan("lookup/copy", passes=0) == 7
+
+
 def test_prompt_lookup_tells_a_copy_in_progress_from_a_fresh_match():
     lk = PromptLookup(5)
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9]
