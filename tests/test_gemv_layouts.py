@@ -15,6 +15,7 @@ from vkspec.backends.vulkan.recorder import gemv_layout
 from vkspec.errors import VkspecError
 from vkspec.formats.matrix import dequantize, f32 as as_f32
 from vkspec.formats.quant import quantize
+from vkspec.formats.samples import random_weight
 from vkspec.loader import load_model
 from vkspec.sampling import Sampler
 from vkspec.speculative import SpecConfig, generate, generate_spec
@@ -51,6 +52,21 @@ def test_ragged_shapes(shape, layout, vk, monkeypatch):
         w = as_f32(w32) if fmt == "f32" else quantize(as_f32(w32), fmt)
         for n in (1, 3, 8):
             bits_equal(vk.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n]))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", ["q4_0", "q5_0", "q8_0"])
+def test_blocks_that_start_mid_word(fmt, layout, vk, monkeypatch):
+    """Three 18-, 22- or 34-byte blocks a row put every other row's blocks at
+    bytes 2 mod 4, where the serial layout's block read (w_block32) shifts
+    its words by half a word; 512 columns (the other tests) never do."""
+    monkeypatch.setenv("VKSPEC_GEMV_LANES", layout)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((8, 96)).astype(np.float32)
+    w = random_weight(fmt, 37, 96, rng)
+    assert w.data.reshape(37, -1).shape[1] % 4 == 2
+    for n in range(1, 9):
+        bits_equal(vk.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n]))
 
 
 def test_a_bad_layout_name_is_one_line(vk, monkeypatch):

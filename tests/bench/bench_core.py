@@ -53,6 +53,16 @@ def gemv_dispatch(dev, variant: str, rows: int):
     return gemv_dispatch(variant, rows, gemv_layout(dev))
 
 
+def gemv_spec(dev, variant: str, n: int) -> tuple:
+    """The specialization constants the backend passes (none in trees from
+    before they existed)."""
+    try:
+        from vkspec.backends.vulkan.recorder import gemv_layout, gemv_spec
+    except ImportError:
+        return ()
+    return gemv_spec(gemv_layout(dev), n, variant)
+
+
 def device_gemv(dev, dw, n, keep):
     """A sequence of the GEMV dispatches (one per part) of dw over n rows."""
     cols_p = exact.padded(dw.cols)
@@ -63,7 +73,8 @@ def device_gemv(dev, dw, n, keep):
         push = P.Gemv(rows=part.rows, cols=dw.cols, nvec=n, x_stride=cols_p, y_stride=dw.rows,
                       y_off=part.first_row, row_bytes=part.row_bytes, s_stride=part.s_stride)
         variant, groups = gemv_dispatch(dev, part.variant, part.rows)
-        algo = dev.algorithm(load_shader("gemv", variant), [part.data, part.scales, xt, yt], groups, push)
+        algo = dev.algorithm(load_shader("gemv", variant), [part.data, part.scales, xt, yt], groups, push,
+                             gemv_spec(dev, part.variant, n))
         keep.append(algo)
         seq.record(dev.kp.OpAlgoDispatch(algo))
     keep += [xt, yt, seq]

@@ -12,12 +12,15 @@
 //   each 128-column step the lanes of a row read one contiguous stretch),
 //   and the lane sums combine through shared memory, a barrier between tree
 //   levels. A workgroup is 32 x GROUP_ROWS invocations, one row each 32.
-// - SERIAL_LANES (for CPU devices, Lavapipe): one invocation walks a whole
-//   row, visiting the lanes one after another (exact.glsl's X_TREE stack),
-//   64 rows a workgroup. Neighbouring invocations read addresses a row apart,
-//   which a GPU cannot coalesce; Lavapipe runs it 1.3-2x faster
-//   (tests/bench/bench_core.py): there each invocation has a fixed cost, and
-//   the parallel layout has 32 a row and the barriers of the tree.
+// - SERIAL_LANES (for CPU devices, Lavapipe): one invocation walks whole
+//   rows (INV_ROWS of them), visiting the lanes 8 at a time, 64 rows a
+//   workgroup. Neighbouring invocations read addresses rows apart, which a
+//   GPU cannot coalesce. Lavapipe (Mesa 22) makes every storage buffer load
+//   a loop over its SIMD lanes, so what costs there is the count of loads:
+//   here each input vec4 is read once for INV_ROWS rows, and a 32-column
+//   block's words once for its 8 lanes (tests/bench/bench_core.py: a Q4_1
+//   1536 x 576 gemv 8.1 -> 2.8 ms, one row; the parallel layout has 32
+//   invocations a row and the barriers of the tree).
 // Grid: (ceil(rows / push.py's Gemv rows_per_group), 1); ROUTED: (.., pairs).
 // Weights in any format of weights.glsl (W_<FORMAT>), rows of row_bytes
 // bytes from byte w_off; columns past `cols` are never read (a padded column
@@ -35,7 +38,19 @@
 
 // rows per workgroup: push.py's Gemv.rows_per_group, which sizes the grid
 #ifdef SERIAL_LANES
-layout(local_size_x = 64) in;
+// An invocation computes INV_ROWS weight rows (reading each input vec4 once
+// for all of them), 64 rows a workgroup. NVEC, the input rows (the push's
+// nvec), INV_ROWS and the workgroup's width are specialization constants
+// (recorder.gemv_spec), so each pipeline holds the code of one count.
+layout(constant_id = 0) const uint NVEC = 1u;
+layout(constant_id = 1) const uint INV_ROWS = 1u;
+layout(local_size_x = 64, local_size_x_id = 2) in;
+#define MAX_INV_ROWS 4u
+#ifdef ROUTED
+#define ROWS_IN 1u
+#else
+#define ROWS_IN NVEC
+#endif
 #else
 #define GROUP_ROWS 2u
 layout(local_size_x = 32, local_size_y = 2) in;
@@ -126,49 +141,77 @@ void put(uint r, uint row, float v) {
 }
 
 #ifdef SERIAL_LANES
-// Called with a constant row count, so that after inlining the driver can
-// unroll the row loops and keep acc and st in registers: with a variable
-// count Lavapipe kept them in memory and a 4096 x 192 gemv took ~11 ms
-// instead of ~1.7 ms.
-void rows_of(uint row, uint wrow, const uint nvec) {
-    uint rb = w_base + wrow * p.row_bytes, s0 = s_base + wrow * p.s_stride;
-    float st[MAXR][6];
-    uint sp = 0u;
-    for (uint i = 0u; i < REDUCE_LANES; i++) {
-        uint lane = x_tree_lane(i);
-        precise vec4 acc[MAXR];
-        for (uint r = 0u; r < MAXR; r++) acc[r] = vec4(0.0);
-        for (uint c = lane * 4u; c < p.cols; c += REDUCE_STRIDE) {
-            vec4 wv = w_vec4(rb, s0, c);
-            for (uint r = 0u; r < nvec; r++) {
-                acc[r] = acc[r] + x4[(x_off + r * p.x_stride + c) >> 2] * wv;
-            }
+// The folded sums of lanes 8g..8g+7 of each input row for the invocation's
+// INV_ROWS weight rows: at each 128-column step these lanes read one
+// 32-column block of each row (w_block32), and each input vec4 is read once
+// for all the rows. Every array here is indexed by constants once the driver
+// unrolls the loops, so it stays in registers (an array indexed by a variable
+// stays in memory on Lavapipe, which made a 4096 x 192 gemv ~6x slower).
+void lane_group(uint rb[MAX_INV_ROWS], uint s0[MAX_INV_ROWS], bool live[MAX_INV_ROWS], uint g,
+                out float f[MAX_INV_ROWS][MAXR][8]) {
+    precise vec4 acc[MAX_INV_ROWS][MAXR][8];
+    for (uint k = 0u; k < INV_ROWS; k++)
+        for (uint r = 0u; r < ROWS_IN; r++)
+            for (uint t = 0u; t < 8u; t++) acc[k][r][t] = vec4(0.0);
+    for (uint c = 32u * g; c < p.cols; c += REDUCE_STRIDE) {
+        vec4 wv[MAX_INV_ROWS][8];
+        for (uint k = 0u; k < INV_ROWS; k++) {
+            if (live[k]) w_block32(rb[k], s0[k], c, p.cols, wv[k]);
         }
-        for (uint r = 0u; r < nvec; r++) st[r][sp] = x_fold4(acc[r]);
-        sp++;
-        for (uint j = i + 1u; (j & 1u) == 0u; j >>= 1) {
-            for (uint r = 0u; r < nvec; r++) {
-                precise float t = st[r][sp - 2u] + st[r][sp - 1u];
-                st[r][sp - 2u] = t;
+        for (uint t = 0u; t < 8u; t++) {
+            if (c + 4u * t < p.cols) {
+                for (uint r = 0u; r < ROWS_IN; r++) {
+                    vec4 xv = x4[(x_off + r * p.x_stride + c + 4u * t) >> 2];
+                    for (uint k = 0u; k < INV_ROWS; k++) acc[k][r][t] = acc[k][r][t] + xv * wv[k][t];
+                }
             }
-            sp--;
         }
     }
-    for (uint r = 0u; r < nvec; r++) put(r, row, st[r][0]);
+    for (uint k = 0u; k < INV_ROWS; k++)
+        for (uint r = 0u; r < ROWS_IN; r++)
+            for (uint t = 0u; t < 8u; t++) f[k][r][t] = x_fold4(acc[k][r][t]);
 }
 
+// An invocation walks INV_ROWS whole rows. The tree's stride 16 joins lane
+// group 0 with 2 (a) and group 1 with 3 (b), stride 8 a with b, then 4, 2, 1.
+// The groups run in a loop, not unrolled, so the pipeline holds one copy of
+// lane_group: Lavapipe compiles it in seconds, not minutes.
 void main() {
-    uint row = gl_GlobalInvocationID.x, wrow;
-    if (!operands(gl_GlobalInvocationID.y) || !weight_row(row, wrow)) return;
-    switch (nvec) {
-    case 1u: rows_of(row, wrow, 1u); break;
-    case 2u: rows_of(row, wrow, 2u); break;
-    case 3u: rows_of(row, wrow, 3u); break;
-    case 4u: rows_of(row, wrow, 4u); break;
-    case 5u: rows_of(row, wrow, 5u); break;
-    case 6u: rows_of(row, wrow, 6u); break;
-    case 7u: rows_of(row, wrow, 7u); break;
-    default: rows_of(row, wrow, 8u); break;
+    if (!operands(gl_GlobalInvocationID.y)) return;
+    uint rb[MAX_INV_ROWS], s0[MAX_INV_ROWS], rows[MAX_INV_ROWS];
+    bool live[MAX_INV_ROWS];
+    for (uint k = 0u; k < INV_ROWS; k++) {
+        uint wrow;
+        rows[k] = gl_GlobalInvocationID.x * INV_ROWS + k;
+        live[k] = weight_row(rows[k], wrow);
+        rb[k] = w_base + wrow * p.row_bytes;
+        s0[k] = s_base + wrow * p.s_stride;
+    }
+    float a[MAX_INV_ROWS][MAXR][8], b[MAX_INV_ROWS][MAXR][8];
+    for (uint g = 0u; g < REDUCE_LANES / 8u; g++) {
+        float f[MAX_INV_ROWS][MAXR][8];
+        lane_group(rb, s0, live, g, f);
+        for (uint k = 0u; k < INV_ROWS; k++) {
+            for (uint r = 0u; r < ROWS_IN; r++) {
+                for (uint t = 0u; t < 8u; t++) {
+                    precise float ua = a[k][r][t] + f[k][r][t];
+                    precise float ub = b[k][r][t] + f[k][r][t];
+                    if (g == 0u) a[k][r][t] = f[k][r][t];
+                    else if (g == 1u) b[k][r][t] = f[k][r][t];
+                    else if (g == 2u) a[k][r][t] = ua;
+                    else b[k][r][t] = ub;
+                }
+            }
+        }
+    }
+    for (uint k = 0u; k < INV_ROWS; k++) {
+        for (uint r = 0u; r < ROWS_IN; r++) {
+            for (uint t = 0u; t < 8u; t++) { precise float v = a[k][r][t] + b[k][r][t]; a[k][r][t] = v; }
+            for (uint t = 0u; t < 4u; t++) { precise float v = a[k][r][t] + a[k][r][t + 4u]; a[k][r][t] = v; }
+            for (uint t = 0u; t < 2u; t++) { precise float v = a[k][r][t] + a[k][r][t + 2u]; a[k][r][t] = v; }
+            precise float v = a[k][r][0] + a[k][r][1];
+            if (live[k]) put(r, rows[k], v);
+        }
     }
 }
 

@@ -117,7 +117,8 @@ class Fill:
 class Gemv:
     # output rows per workgroup in each lane layout of gemv.comp (a class
     # attribute, not a field): "parallel" 32 x 2 invocations, the 32 lanes of
-    # 2 rows; "serial" 64 invocations, a row each. A dispatch has
+    # 2 rows; "serial" 64 / INV_ROWS invocations of INV_ROWS rows each
+    # (recorder.gemv_spec). A dispatch has
     # ceil(rows / ROWS_PER_GROUP[layout]) workgroups along x.
     ROWS_PER_GROUP = {"parallel": 2, "serial": 64}
 

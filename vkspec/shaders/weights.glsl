@@ -280,4 +280,86 @@ vec4 w_vec4(uint rb, uint s0, uint e) {
     return v;
 }
 
+// Columns e..e+31 (e a multiple of 32, below cols) of the row at rb, as 8
+// vec4s: v[t] is w_vec4(rb, s0, e + 4t) bit for bit (a zero vec4 past cols).
+// The 32-column block formats read their block's words once here, not once
+// per vec4: Lavapipe (Mesa 22) turns every storage buffer load into a loop
+// over the SIMD lanes, so the count of loads, not of bytes, sets its speed.
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
+#if defined(W_Q4_0)
+#define W_BLOCK_BYTES 18u
+#elif defined(W_Q4_1)
+#define W_BLOCK_BYTES 20u
+#elif defined(W_Q5_0)
+#define W_BLOCK_BYTES 22u
+#elif defined(W_Q5_1)
+#define W_BLOCK_BYTES 24u
+#else
+#define W_BLOCK_BYTES 34u
+#endif
+// words of the block's bytes from byte 0 (a block starts at an even byte)
+#define W_BLOCK_WORDS ((W_BLOCK_BYTES + 3u) / 4u)
+#define W_BW16(b) ((bw[(b) >> 2] >> (((b) & 2u) << 3)) & 0xffffu)
+#define W_BW32(b) (((b) & 2u) == 0u ? bw[(b) >> 2] : (bw[(b) >> 2] >> 16) | (bw[((b) >> 2) + 1u] << 16))
+#endif
+
+void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
+    uint o = rb + (e >> 5) * W_BLOCK_BYTES, i0 = o >> 2;
+    bool odd = (o & 2u) != 0u;
+    // the aligned words that hold the block: one more when a block of 20 or 24
+    // bytes starts mid-word (one of 18, 22 or 34 bytes fits either way)
+    uint a[W_BLOCK_WORDS + 1u];
+    for (uint k = 0u; k < W_BLOCK_WORDS; k++) a[k] = wq[i0 + k];
+    a[W_BLOCK_WORDS] = 0u;
+    if ((W_BLOCK_BYTES & 2u) == 0u && odd) a[W_BLOCK_WORDS] = wq[i0 + W_BLOCK_WORDS];
+    uint bw[W_BLOCK_WORDS + 1u];
+    for (uint k = 0u; k < W_BLOCK_WORDS; k++) bw[k] = odd ? (a[k] >> 16) | (a[k + 1u] << 16) : a[k];
+    bw[W_BLOCK_WORDS] = 0u;
+    float d = w_f16(W_BW16(0u));
+#if defined(W_Q4_1) || defined(W_Q5_1)
+    float m = w_f16(W_BW16(2u));
+#endif
+    for (uint t = 0u; t < 8u; t++) {
+        uint j = 4u * t;
+#if defined(W_Q8_0)
+        uint u = W_BW32(2u + j);
+        for (uint i = 0u; i < 4u; i++) {
+            precise float r = float(w_s8(W_BYTE_OF(u, i))) * d;
+            v[t][i] = r;
+        }
+#else
+#if defined(W_Q4_0)
+        uint u = W_BW32(2u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+#elif defined(W_Q4_1)
+        uint u = W_BW32(4u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+#elif defined(W_Q5_0)
+        uint qh = W_BW32(2u) >> j;
+        uint u = W_BW32(6u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+#else
+        uint qh = W_BW32(4u) >> j;
+        uint u = W_BW32(8u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+#endif
+        for (uint i = 0u; i < 4u; i++) {
+            uint q = (u >> (8u * i)) & 15u;
+#if defined(W_Q4_0)
+            precise float r = d * float(int(q) - 8);
+#elif defined(W_Q4_1)
+            precise float r = d * float(q) + m;
+#elif defined(W_Q5_0)
+            q |= ((qh >> i) & 1u) << 4;
+            precise float r = d * float(int(q) - 16);
+#else
+            q |= ((qh >> i) & 1u) << 4;
+            precise float r = d * float(q) + m;
+#endif
+            v[t][i] = r;
+        }
+#endif
+    }
+#else
+    for (uint t = 0u; t < 8u; t++) v[t] = e + 4u * t < cols ? w_vec4(rb, s0, e + 4u * t) : vec4(0.0);
+#endif
+}
+
 #endif

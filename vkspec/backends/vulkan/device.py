@@ -250,15 +250,16 @@ class Device:
 
     # --- algorithms ------------------------------------------------------
     @on_device("to create a pipeline")
-    def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None):
+    def algorithm(self, shader: Shader, tensors, groups: int | tuple, push=None, spec=()):
         """A kp algorithm: ``tensors`` in binding order (as many as the shader
-        declares), ``push`` the shader's push struct (None: it has none)."""
+        declares), ``push`` the shader's push struct (None: it has none),
+        ``spec`` its specialization constants (uint32, constant_id 0, 1, ..)."""
         bound = len(shader.reflection.buffers)
         if len(tensors) != bound:
             raise ValueError(f"{shader.name} binds {bound} buffers, got {len(tensors)}")
         wg = (groups, 1, 1) if isinstance(groups, int) else tuple(groups)
         words = shader.pack(push) if push is not None else np.zeros(0, dtype=np.uint32)
-        return self.mgr.algorithm(list(tensors), self.spirv(shader), wg, np.zeros(0, dtype=np.uint32), words)
+        return self.mgr.algorithm(list(tensors), self.spirv(shader), wg, np.asarray(spec, dtype=np.uint32), words)
 
     def sequence(self):
         return self.mgr.sequence()

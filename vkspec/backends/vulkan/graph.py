@@ -60,16 +60,16 @@ class Recording:
     def __init__(self, dev, algos: dict):
         self.dev, self.algos, self.items = dev, algos, []
 
-    def op(self, op: Op, variant: str | None, grid, push, /, **buffers):
+    def op(self, op: Op, variant: str | None, grid, push, /, spec=(), **buffers):
         if set(buffers) != set(op.bindings):
             raise TypeError(f"{op.stem}: bindings {sorted(buffers)} != {list(op.bindings)}")
         tensors = [buffers[b] for b in op.bindings]
         shader = load_shader(op.stem, variant)
         g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
-        key = (shader.name, tuple(id(t) for t in tensors), g)
+        key = (shader.name, tuple(id(t) for t in tensors), g, tuple(spec))
         algo = self.algos.get(key)
         if algo is None:
-            algo = self.algos[key] = self.dev.algorithm(shader, tensors, g, push)
+            algo = self.algos[key] = self.dev.algorithm(shader, tensors, g, push, spec)
         self.items.append(("dispatch", algo, shader.pack(push)))
 
     def sync_local(self, tensors):

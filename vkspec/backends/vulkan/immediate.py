@@ -13,7 +13,7 @@ from ...formats.matrix import QWeight
 from ...shaders import push as P
 from .device import get_device, load_shader, on_device
 from .memory import Uploader
-from .recorder import gemv_dispatch, gemv_layout
+from .recorder import gemv_dispatch, gemv_layout, gemv_spec
 
 
 def _padded_rows(x: np.ndarray, cols_p: int) -> np.ndarray:
@@ -60,7 +60,8 @@ class VulkanOps:
             push = P.Gemv(rows=part.rows, cols=w.cols, nvec=n, x_stride=cols_p, y_stride=w.rows,
                           y_off=part.first_row, row_bytes=part.row_bytes, s_stride=part.s_stride)
             variant, gx = gemv_dispatch(part.variant, part.rows, lanes)
-            keep.append(dev.algorithm(load_shader("gemv", variant), [part.data, part.scales, xt, yt], gx, push))
+            keep.append(dev.algorithm(load_shader("gemv", variant), [part.data, part.scales, xt, yt], gx, push,
+                                      gemv_spec(lanes, n, part.variant)))
             seq.record(dev.kp.OpAlgoDispatch(keep[-1]))
         seq.record(dev.kp.OpTensorSyncLocal([yt]))
         seq.eval()

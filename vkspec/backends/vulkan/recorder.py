@@ -42,6 +42,25 @@ def gemv_dispatch(variant: str, rows: int, layout: str) -> tuple[str, int]:
             groups(rows, P.Gemv.ROWS_PER_GROUP[layout]))
 
 
+# gemv.comp's formats whose 32-column blocks w_block32 reads whole
+BLOCK32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
+def gemv_spec(layout: str, nvec: int, variant: str) -> tuple:
+    """gemv.comp's specialization constants (NVEC, INV_ROWS, workgroup width)
+    for `nvec` input rows: the serial layout compiles one pipeline per count,
+    so its loops unroll. More weight rows an invocation read each input vec4
+    fewer times (Lavapipe's cost) but make a bigger pipeline to compile. On
+    Lavapipe (Zen 3, SmolLM2) 4 rows for every count of the block formats
+    gave T(5..8)/T(1) = 3.4-5.2 where 2 rows above 4 counts gave 4.9-7.7; a
+    block-format pipeline compiles in 0.7-7 s, a K-quant's with 2 rows in
+    1.5-5 s (one input row to eight)."""
+    if layout != "serial":
+        return ()
+    inv_rows = 4 if variant.split("_serial")[0] in BLOCK32 else (2 if nvec <= 4 else 1)
+    return (nvec, inv_rows, P.Gemv.ROWS_PER_GROUP["serial"] // inv_rows)
+
+
 class Recorder:
     def __init__(self, layout: Layout, buffers: Buffers, dev, up, tier=None):
         self.lay, self.b, self.dev, self.up, self.tier = layout, buffers, dev, up, tier
@@ -68,12 +87,12 @@ class Recorder:
                 assert not acc
                 self.rec.op(G.GEMV_ROWMAP, *gemv_dispatch(part.variant + "_rowmap", m, self.lanes),
                             P.Gemv(rows=m, y_off=y_off, first_row=part.first_row, part_rows=part.rows,
-                                   **fmt, **common),
+                                   **fmt, **common), spec=gemv_spec(self.lanes, rows, part.variant),
                             w=part.data, scales=part.scales, x=x, y=y, row_of=row_of)
             else:
                 self.rec.op(G.GEMV, *gemv_dispatch(part.variant, part.rows, self.lanes),
                             P.Gemv(rows=part.rows, y_off=y_off + part.first_row, acc=int(acc), **fmt, **common),
-                            w=part.data, scales=part.scales, x=x, y=y)
+                            spec=gemv_spec(self.lanes, rows, part.variant), w=part.data, scales=part.scales, x=x, y=y)
 
     def routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
         part = w.single
@@ -82,7 +101,7 @@ class Recorder:
                       w_expert=per_expert_rows * part.row_bytes, s_expert=per_expert_rows * part.s_stride,
                       x_div=x_div, idx_off=idx_off)
         variant, gx = gemv_dispatch(part.variant + "_routed", per_expert_rows, self.lanes)
-        self.rec.op(G.GEMV_ROUTED, variant, (gx, pairs), push,
+        self.rec.op(G.GEMV_ROUTED, variant, (gx, pairs), push, spec=gemv_spec(self.lanes, 1, part.variant),
                     w=part.data, scales=part.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
 
     def embed(self, y, n, step, scale=1.0):
