@@ -19,7 +19,7 @@
 //   a loop over its SIMD lanes, so what costs there is the count of loads:
 //   here each input vec4 is read once for INV_ROWS rows, and a 32-column
 //   block's words once for its 8 lanes (tests/bench/bench_core.py: a Q4_1
-//   1536 x 576 gemv 8.1 -> 2.8 ms, one row; the parallel layout has 32
+//   1536 x 576 gemv 8.1 -> 2.1-2.8 ms, one row; the parallel layout has 32
 //   invocations a row and the barriers of the tree).
 // Grid: (ceil(rows / push.py's Gemv rows_per_group), 1); ROUTED: (.., pairs).
 // Weights in any format of weights.glsl (W_<FORMAT>), rows of row_bytes

@@ -138,12 +138,36 @@ float w_value(uint rb, uint s0, uint e) {
 #endif
 }
 
+#define W_BYTE_OF(u, i) (((u) >> (8u * (i))) & 0xffu)
+
+// The 4 values of a 4- or 5-bit block format's quants: low 4 bits in the
+// bytes of u, the 5th bits (Q5_0, Q5_1) in qh's low 4 bits; scale d, min m.
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1)
+vec4 w_q4_q5(uint u, uint qh, float d, float m) {
+    vec4 v;
+    for (uint i = 0u; i < 4u; i++) {
+        uint q = (u >> (8u * i)) & 15u;
+#if defined(W_Q4_0)
+        precise float r = d * float(int(q) - 8);
+#elif defined(W_Q4_1)
+        precise float r = d * float(q) + m;
+#elif defined(W_Q5_0)
+        q |= ((qh >> i) & 1u) << 4;
+        precise float r = d * float(int(q) - 16);
+#else
+        q |= ((qh >> i) & 1u) << 4;
+        precise float r = d * float(q) + m;
+#endif
+        v[i] = r;
+    }
+    return v;
+}
+#endif
+
 // Columns e..e+3 (e a multiple of 4) of the row at rb: w_value of each, bit
 // for bit, with the block's header read once. The 4 columns always share one
 // block (and one sub-block scale: blocks and sub-blocks are multiples of 4
 // columns), and their 4 quant bytes lie at an even offset, so one w_u32 reads them.
-#define W_BYTE_OF(u, i) (((u) >> (8u * (i))) & 0xffu)
-
 vec4 w_vec4(uint rb, uint s0, uint e) {
     vec4 v;
 #if defined(W_F32)
@@ -192,25 +216,14 @@ vec4 w_vec4(uint rb, uint s0, uint e) {
     uint qh = w_u32(o + 4u) >> j;
 #endif
     uint u = w_u32(o + qs + (j & 15u)) >> (j < 16u ? 0u : 4u);
-    float d = w_f16(w_u16(o));
+    float d = w_f16(w_u16(o)), m = 0.0;
 #if defined(W_Q4_1) || defined(W_Q5_1)
-    float m = w_f16(w_u16(o + 2u));
+    m = w_f16(w_u16(o + 2u));
 #endif
-    for (uint i = 0u; i < 4u; i++) {
-        uint q = (u >> (8u * i)) & 15u;
-#if defined(W_Q4_0)
-        precise float r = d * float(int(q) - 8);
-#elif defined(W_Q4_1)
-        precise float r = d * float(q) + m;
-#elif defined(W_Q5_0)
-        q |= ((qh >> i) & 1u) << 4;
-        precise float r = d * float(int(q) - 16);
-#else
-        q |= ((qh >> i) & 1u) << 4;
-        precise float r = d * float(q) + m;
+#if defined(W_Q4_0) || defined(W_Q4_1)
+    uint qh = 0u;
 #endif
-        v[i] = r;
-    }
+    v = w_q4_q5(u, qh, d, m);
 #elif defined(W_Q8_0)
     uint o = rb + (e >> 5) * 34u;
     uint u = w_u32(o + 2u + j);
@@ -316,9 +329,9 @@ void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
     uint bw[W_BLOCK_WORDS + 1u];
     for (uint k = 0u; k < W_BLOCK_WORDS; k++) bw[k] = odd ? (a[k] >> 16) | (a[k + 1u] << 16) : a[k];
     bw[W_BLOCK_WORDS] = 0u;
-    float d = w_f16(W_BW16(0u));
+    float d = w_f16(W_BW16(0u)), m = 0.0;
 #if defined(W_Q4_1) || defined(W_Q5_1)
-    float m = w_f16(W_BW16(2u));
+    m = w_f16(W_BW16(2u));
 #endif
     for (uint t = 0u; t < 8u; t++) {
         uint j = 4u * t;
@@ -330,9 +343,9 @@ void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
         }
 #else
 #if defined(W_Q4_0)
-        uint u = W_BW32(2u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+        uint qh = 0u, u = W_BW32(2u + (j & 15u)) >> (j < 16u ? 0u : 4u);
 #elif defined(W_Q4_1)
-        uint u = W_BW32(4u + (j & 15u)) >> (j < 16u ? 0u : 4u);
+        uint qh = 0u, u = W_BW32(4u + (j & 15u)) >> (j < 16u ? 0u : 4u);
 #elif defined(W_Q5_0)
         uint qh = W_BW32(2u) >> j;
         uint u = W_BW32(6u + (j & 15u)) >> (j < 16u ? 0u : 4u);
@@ -340,21 +353,7 @@ void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
         uint qh = W_BW32(4u) >> j;
         uint u = W_BW32(8u + (j & 15u)) >> (j < 16u ? 0u : 4u);
 #endif
-        for (uint i = 0u; i < 4u; i++) {
-            uint q = (u >> (8u * i)) & 15u;
-#if defined(W_Q4_0)
-            precise float r = d * float(int(q) - 8);
-#elif defined(W_Q4_1)
-            precise float r = d * float(q) + m;
-#elif defined(W_Q5_0)
-            q |= ((qh >> i) & 1u) << 4;
-            precise float r = d * float(int(q) - 16);
-#else
-            q |= ((qh >> i) & 1u) << 4;
-            precise float r = d * float(q) + m;
-#endif
-            v[t][i] = r;
-        }
+        v[t] = w_q4_q5(u, qh, d, m);
 #endif
     }
 #else
