@@ -332,3 +332,116 @@ def argmax(x) -> np.ndarray:
     x = _arr(x)
     clean = np.where(np.isnan(x), f32(-np.inf), x)
     return np.argmax(clean, axis=-1)
+
+
+# --- integer arithmetic for quantised weights: q8 activations -----------------------
+#
+# With --activations q8 a GEMV over a block-format weight (formats/intform.py)
+# quantises each input row per block to int8 and takes integer dot products,
+# as llama.cpp does. Integer sums are exact in any order, so only the float
+# part below has a defined order: per float block one combine, then the
+# blocks' sum over Q8_LANES lanes. Every row is quantised on its own, so its
+# bits never depend on the rows that share its forward.
+
+Q8_MAX = 127               # never -128: x86's vpmaddubsw pairs 2 x 128 x 127 would not saturate, but
+Q8_LANES = 8               # symmetric codes keep sign flips exact (DESIGN.md, "Integer arithmetic")
+_Q8_INV_MAX = f32(1.0 / 127.0)
+_ROUND_MAGIC = f32(12582912.0)          # 1.5 * 2**23: (v + M) - M rounds |v| < 2**22 half to even
+_MIN_NORMAL = f32(2.0 ** -126)
+
+
+def q8_round(v):
+    """v rounded to an integer, half to even, for |v| < 2**22: two correctly
+    rounded adds, the same on every IEEE device (the CPU's cvtps2dq agrees)."""
+    return (v + _ROUND_MAGIC) - _ROUND_MAGIC
+
+
+def quantize_q8(x, block: int):
+    """(..., C) float32 -> (q int8 (..., C), d float32 (..., C // block)).
+
+    Per block: d = max|x| * f32(1/127); q = round(x * recip(d)) clamped to
+    [-127, 127]. recip is this file's (Newton from an exact seed), so every
+    device gets the same d and q. A block holding an inf or NaN gets d = NaN
+    (every output of its row is then NaN) and q = 0; a block whose d is below
+    the smallest normal float (zeros, or only tiny values) gets d = 0, q = 0
+    (recip of a subnormal would overflow)."""
+    x = _arr(x)
+    c = x.shape[-1]
+    xb = x.reshape(x.shape[:-1] + (c // block, block))
+    with np.errstate(all="ignore"):
+        bad = np.any((bits(xb) & u32(0x7F800000)) == u32(0x7F800000), axis=-1)
+        d = np.max(np.abs(xb), axis=-1) * _Q8_INV_MAX
+        ok = ~bad & (d >= _MIN_NORMAL)
+        r = q8_round(xb * recip(np.where(ok, d, ONE))[..., None])
+        r = np.minimum(np.maximum(r, f32(-Q8_MAX)), f32(Q8_MAX))
+        q = np.where(ok[..., None], r, ZERO).astype(np.int8)
+        d = np.where(bad, NAN, np.where(ok, d, ZERO)).astype(f32)
+    return q.reshape(x.shape), d
+
+
+def q8_sums(q, group: int = 16) -> np.ndarray:
+    """Integer sums of each `group` columns of q (..., C) -> int32 (..., C // group):
+    the min terms' input (llama.cpp's q8_K bsums; a q8_1 block's sum is two of them)."""
+    q = np.asarray(q)
+    return q.reshape(q.shape[:-1] + (q.shape[-1] // group, group)).astype(np.int32).sum(axis=-1, dtype=np.int32)
+
+
+def q8_combine(s1, dw, dx, s2=None, mw=None, sign: int = 1) -> np.ndarray:
+    """One float block's contribution from its exact integer sums:
+    (dw * dx) * float(s1), then + (mw * dx) * float(s2) (Q4_1, Q5_1: the
+    added min) or - (dmin * dx) * float(s2) (Q2_K, Q4_K, Q5_K). s1 and s2
+    are int32 and convert with one rounding (above 2**24 they round)."""
+    with np.errstate(all="ignore"):
+        a = (_arr(dw) * _arr(dx)) * np.asarray(s1, np.int32).astype(f32)
+        if mw is None:
+            return a
+        b = (_arr(mw) * _arr(dx)) * np.asarray(s2, np.int32).astype(f32)
+        return a + b if sign > 0 else a - b
+
+
+def q8_reduce(c) -> np.ndarray:
+    """(..., B) block contributions -> (...): block b goes to lane b mod 8;
+    each lane adds its blocks in order from +0; the lanes fold as lane l +=
+    lane l + s for s = 4, 2, 1. A lane is never -0, so padding with +0
+    changes no bit."""
+    c = _arr(c)
+    nb = c.shape[-1]
+    steps = max(1, -(-nb // Q8_LANES))
+    if steps * Q8_LANES != nb:
+        c = np.concatenate([c, np.zeros(c.shape[:-1] + (steps * Q8_LANES - nb,), f32)], axis=-1)
+    cl = c.reshape(c.shape[:-1] + (steps, Q8_LANES))
+    acc = np.zeros(c.shape[:-1] + (Q8_LANES,), f32)
+    with np.errstate(all="ignore"):
+        for s in range(steps):
+            acc = acc + cl[..., s, :]
+        stride = Q8_LANES // 2
+        while stride:
+            acc = acc[..., :stride] + acc[..., stride:2 * stride]
+            stride //= 2
+    return acc[..., 0]
+
+
+def q8_dot(form, q, dx) -> np.ndarray:
+    """y (n, r): rows of q8 activations (q int8 (n, C), dx (n, C // fb))
+    against a weight's integer form (formats.intform.IntForm of r rows).
+
+    The block dot is an integer sum: |w| <= 128 * 32 (Q6_K's scale times its
+    centred 6-bit value; 8-bit scale times 4 bits elsewhere) and |q| <= 127,
+    so a 256-column block's sum is below 256 * 4096 * 127 < 2**27, and the
+    min term's 16 x 63 x (16 x 127) likewise: int32 never overflows."""
+    n, cols = q.shape
+    fb = form.fb
+    nb = cols // fb
+    wb = form.w.reshape(-1, nb, fb).astype(np.int64)
+    qb = np.asarray(q).reshape(n, nb, fb).astype(np.int64)
+    s1 = np.einsum("rbk,nbk->nrb", wb, qb).astype(np.int32)
+    s2 = None
+    if form.m is not None:
+        sums = q8_sums(q).astype(np.int64)                     # (n, C // 16)
+        if form.mn is None:                                    # "_1": the whole block's sum
+            s2 = sums.reshape(n, nb, fb // 16).sum(axis=-1)[:, None, :]
+        else:
+            mn = form.mn.reshape(-1, nb, fb // 16).astype(np.int64)
+            s2 = np.einsum("rbg,nbg->nrb", mn, sums.reshape(n, nb, fb // 16))
+    m = None if form.m is None else form.m[None]
+    return q8_reduce(q8_combine(s1, form.d[None], dx[:, None, :], s2, m, form.sign))

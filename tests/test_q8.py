@@ -1,0 +1,117 @@
+"""The q8 definition (exact.quantize_q8 / q8_dot over formats/intform.py)
+and its compiled kernel (backends/cpu/qdot.py, csrc/qdot.c), byte for byte on
+every instruction set this CPU has; the definition against float64 math."""
+
+import numpy as np
+import pytest
+
+from conftest import bits_equal
+from test_formats import weights
+from vkspec import exact
+from vkspec.backends.cpu import qdot
+from vkspec.backends.cpu.csrc import build
+from vkspec.formats.intform import Q8_FORMATS, block_size, int_form
+from vkspec.formats.matrix import dequantize
+from vkspec.formats.samples import random_weight
+
+ISAS = [v for v in build.VARIANTS if qdot._NEEDS[v] <= qdot._cpuinfo()[1]]
+
+
+def q8_inputs(rng, n, cols):
+    """Rows with ordinary values, then edge rows: zeros, +-max, subnormals,
+    one inf, one NaN, a block of tiny values beside a normal one, exact halves."""
+    x = rng.standard_normal((n, cols)).astype(np.float32) * np.float32(3.0)
+    edge = [np.zeros(cols), np.full(cols, np.finfo(np.float32).max), np.full(cols, -np.finfo(np.float32).max),
+            np.full(cols, 1e-40), rng.standard_normal(cols), rng.standard_normal(cols),
+            np.r_[np.full(32, 1e-39), rng.standard_normal(cols - 32)], np.tile([127.0, 63.5, -0.5, 1.5], cols // 4)]
+    edge[4][5] = np.inf
+    edge[5][300] = np.nan
+    return x, np.asarray(edge, np.float32)
+
+
+def definition(w, x):
+    fb = block_size(w.fmt)
+    q, d = exact.quantize_q8(x, fb)
+    return exact.q8_dot(int_form(w), q, d)
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_integer_form_is_the_formats_values(fmt):
+    """d * w + m and d * w - dmin * mn, in float64, round to dequantize's values."""
+    w = random_weight(fmt, 6, 512, np.random.default_rng(3))
+    f = int_form(w)
+    nb = w.cols // f.fb
+    v = np.repeat(f.d.astype(np.float64), f.fb, axis=1) * f.w
+    if f.m is not None:
+        mins = np.repeat(f.m.astype(np.float64), f.fb, axis=1)
+        v = v + mins if f.mn is None else v - mins * np.repeat(f.mn, 16, axis=1)
+    assert f.w.shape == (6, 512) and f.d.shape == (6, nb)
+    assert np.array_equal(v.astype(np.float32), dequantize(w))     # a zero's sign aside: == not bits
+
+
+def test_activation_quantisation_rules():
+    rng = np.random.default_rng(4)
+    x, edge = q8_inputs(rng, 4, 512)
+    q, d = exact.quantize_q8(np.vstack([x, edge]), 32)
+    assert np.abs(q.astype(np.int32)).max() <= 127
+    err = np.abs(q[:4].astype(np.float64) * np.repeat(d[:4], 32, axis=1) - x)
+    assert (err <= np.repeat(d[:4], 32, axis=1) * 0.5 * (1 + 1e-5)).all()       # nearest code
+    assert (d[4] == 0).all() and (q[4] == 0).all()                               # zeros
+    assert (q[5] == 127).all() and (q[6] == -127).all()                          # +-max
+    assert (d[7] == 0).all()                                                     # subnormal: below a normal d
+    assert np.isnan(d[8, 0]) and (q[8, :32] == 0).all() and np.isfinite(d[8, 1:]).all()   # inf
+    assert np.isnan(d[9, 300 // 32]) and np.isfinite(np.delete(d[9], 300 // 32)).all()    # NaN
+    assert d[10, 0] == 0 and d[10, 1] > 0
+    assert q[11, 0] == 127 and q[11, 1] == 64 and q[11, 2] == 0 and q[11, 3] == 2      # half to even
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fb", [32, 256])
+def test_compiled_quantisation_is_the_definition(isa, fb, monkeypatch):
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    x, edge = q8_inputs(np.random.default_rng(5), 6, 512)
+    rows = np.vstack([x, edge])
+    got = qdot.quantize(rows, fb)
+    q, d = exact.quantize_q8(rows, fb)
+    assert np.array_equal(got.q, q)
+    bits_equal(got.d, d)
+    assert np.array_equal(got.s16, exact.q8_sums(q)) and np.array_equal(got.s32, exact.q8_sums(q, 32))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_compiled_q8_gemv_is_the_definition(fmt, isa, monkeypatch):
+    """1 to 8 rows, random and edge weight blocks, edge activation rows;
+    logical row order (a permuted weight) included."""
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    rng = np.random.default_rng(6)
+    x, edge = q8_inputs(rng, 8, 512)
+    for w in weights(fmt, rng):
+        fb = block_size(w.fmt)
+        for n in range(1, 9):
+            a = qdot.quantize(x[:n], fb)
+            bits_equal(qdot.gemv(w, a), definition(w, x[:n]))
+        bits_equal(qdot.gemv(w, qdot.quantize(edge, fb)), definition(w, edge))
+        p = w.reordered(rng.permutation(w.rows))
+        bits_equal(qdot.gemv(p, qdot.quantize(x[:3], fb)), definition(p, x[:3]))
+
+
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_q8_gemv_is_close_to_float64(fmt):
+    """The definition computes the product it claims: within the activations'
+    quantisation error of the float64 GEMV of the same weights."""
+    rng = np.random.default_rng(7)
+    w = random_weight(fmt, 16, 1024, rng)
+    x = rng.standard_normal((3, 1024)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize(w).astype(np.float64).T
+    got = definition(w, x)
+    scale = np.abs(x).max() * np.abs(dequantize(w)).sum(axis=1).max() / 127
+    assert np.abs(got - want).max() <= scale, (np.abs(got - want).max(), scale)
+
+
+def test_a_rows_bits_do_not_depend_on_its_neighbours():
+    w = random_weight("q4_k", 40, 1024, np.random.default_rng(8))
+    x = np.random.default_rng(9).standard_normal((7, 1024)).astype(np.float32)
+    together = qdot.gemv(w, qdot.quantize(x, 256))
+    for r in range(7):
+        bits_equal(together[r], qdot.gemv(w, qdot.quantize(x[r:r + 1], 256))[0])
