@@ -6,15 +6,34 @@ import numpy as np
 import pytest
 
 from conftest import bits_equal
-from test_formats import weights
+from test_ggml_blocks import edge_blocks
 from vkspec import exact
 from vkspec.backends.cpu import qdot
 from vkspec.backends.cpu.csrc import build
+from vkspec.formats import ggml
 from vkspec.formats.intform import Q8_FORMATS, block_size, int_form
-from vkspec.formats.matrix import dequantize
+from vkspec.formats.matrix import QWeight, dequantize, no_scales
 from vkspec.formats.samples import random_weight
 
 ISAS = [v for v in build.VARIANTS if qdot._NEEDS[v] <= qdot._cpuinfo()[1]]
+COLS = 2336          # 73 blocks of 32: the kernels' 8-block groups and a tail of 1
+
+
+def weights(fmt, rng):
+    """A random weight and, for ggml's types, one made of edge blocks (every
+    special in each f16 field, extreme packed scales): 9 superblocks a row
+    for the K-quants (a group of 8 and a tail), 73 blocks for the others."""
+    cols = 2304 if block_size(fmt) == 256 else COLS
+    out = [random_weight(fmt, 24, cols, rng)]
+    if fmt.upper() in ggml.TYPES:
+        t = ggml.TYPES[fmt.upper()]
+        blocks = edge_blocks(fmt.upper(), rng)
+        per_row = cols // t.block_elems
+        blocks = np.concatenate([blocks] * (-(-per_row // len(blocks)) + 1))
+        n = blocks.shape[0] // per_row * per_row
+        rows = blocks[:n].reshape(-1, per_row * t.block_bytes)
+        out.append(QWeight(fmt, rows.shape[0], cols, np.ascontiguousarray(rows), no_scales()))
+    return out
 
 
 def q8_inputs(rng, n, cols):
@@ -85,8 +104,8 @@ def test_compiled_q8_gemv_is_the_definition(fmt, isa, monkeypatch):
     logical row order (a permuted weight) included."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(6)
-    x, edge = q8_inputs(rng, 8, 512)
     for w in weights(fmt, rng):
+        x, edge = q8_inputs(rng, 8, w.cols)
         fb = block_size(w.fmt)
         for n in range(1, 9):
             a = qdot.quantize(x[:n], fb)

@@ -37,7 +37,7 @@ def _stopped(args, tok, e) -> int:
     if args.json:
         digest = Result(tokens, e.last).digest if e.last is not None else None
         print(json.dumps({"tokens": tokens, "text": text, "digest": digest, "backend": args.backend,
-                          "dtype": args.dtype, "error": line, "stopped": True}))
+                          "dtype": args.dtype, "activations": args.activations, "error": line, "stopped": True}))
     else:
         print(text if tok else " ".join(map(str, tokens)))
     sys.stdout.flush()
@@ -131,6 +131,7 @@ def _run(args) -> int:
                           "decode_tok_s": res.decode_tok_s, "prefill_s": res.prefill_s, "warm_s": warm_s,
                           "tokens_per_forward": len(res.tokens) / max(res.forwards, 1),
                           "prompt_tokens": len(prompt), "backend": args.backend, "dtype": args.dtype,
+                          "activations": args.activations,
                           "spec_mode": cfg.spec_mode, "counters": stats,
                           "fallback": _fell_back(args, fallback)}))
     else:
@@ -147,7 +148,8 @@ def _bench(args) -> int:
         if args.rounds < 1:
             raise VkspecError(f"--rounds must be at least 1, got {args.rounds}")
         rows = run(args.model, backends=args.backends.split(","), modes=args.modes.split(","), n=args.n,
-                   dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out, rounds=args.rounds)
+                   dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out, rounds=args.rounds,
+                   activations=args.activations)
         if args.json:
             print(json.dumps([{k: v for k, v in r.items() if k != "text"} for r in rows]))
         else:
@@ -157,9 +159,11 @@ def _bench(args) -> int:
     from .loader import Loader, open_checkpoint
     cfg, ckpt = open_checkpoint(args.model, args.dtype)
     per_token = bench.weight_bytes_per_token(Loader(cfg, ckpt, args.dtype).load(False), cfg)
-    model = load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb)
+    model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
+                       device_gb=args.device_gb)
     out = bench.run(model, reps=args.reps)
-    out.update(dtype=args.dtype, weight_bytes_per_token=per_token, file_bytes=ckpt.file_bytes())
+    out.update(dtype=args.dtype, activations=args.activations, weight_bytes_per_token=per_token,
+               file_bytes=ckpt.file_bytes())
     if args.json:
         print(json.dumps(out))
     else:
@@ -177,7 +181,7 @@ def _plan(args) -> int:
     from .tier.resident import TierConfig
     tier = TierConfig(budget_gb=args.budget_gb) if args.budget_gb is not None else None
     d = plan(args.model, fmt=args.dtype, ctx=args.ctx, tier=tier, snapshots=args.snapshots,
-             drafts=args.drafts)
+             drafts=args.drafts, activations=args.activations)
     print(json.dumps(d) if args.json else table(d))
     return 0
 
@@ -201,14 +205,16 @@ def _load_for_spec(args, cfg, tier):
     from .loader import load_model
     mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
     try:
-        return load_model(args.model, fmt=args.dtype, backend=args.backend, device_gb=args.device_gb,
+        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
+                          device_gb=args.device_gb,
                           mtp=mtp, tier=tier, ctx=args.ctx)
     except DeviceError as e:
         if args.fallback != "cpu" or args.backend == "cpu":
             raise
         print(f"vkspec: {e}; running on the CPU (--fallback cpu)", file=sys.stderr, flush=True)
         args.fell_back = "load"
-        return load_model(args.model, fmt=args.dtype, backend="cpu", mtp=mtp, ctx=args.ctx)
+        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
+                          ctx=args.ctx)
 
 
 def _fallback(args, model):
@@ -218,7 +224,8 @@ def _fallback(args, model):
         return None
     from .loader import load_model
     from .speculative.fallback import Fallback
-    return Fallback(lambda: load_model(args.model, fmt=args.dtype, backend="cpu", mtp=model.has_mtp,
+    return Fallback(lambda: load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu",
+                                       mtp=model.has_mtp,
                                        ctx=model.ctx))
 
 
@@ -279,7 +286,7 @@ def _serve(args) -> int:
             await super().startup(sockets)
             if self.started:          # the socket accepts: say so, and where
                 print(f"[vkspec serve] ready: {name} on http://{host}:{port} ({model.backend}, {args.dtype}, "
-                      f"spec {cfg.spec_mode})", file=sys.stderr, flush=True)
+                      f"{args.activations} activations, spec {cfg.spec_mode})", file=sys.stderr, flush=True)
     import signal
 
     def on_term(signum, frame):     # uvicorn shuts down, then re-raises the signal to this handler
@@ -333,6 +340,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     model.add_argument("model", help="a checkpoint directory or a .gguf file")
     model.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32",
                        help="quantise a safetensors checkpoint's matrices while loading")
+    model.add_argument("--activations", choices=["f32", "q8"], default="f32",
+                       help="the arithmetic of quantised weights: f32 (each weight widened, float dots; the "
+                            "reference) or q8 (int8 activation blocks, integer dots; CPU backend)")
     model.add_argument("--device-gb", type=float, default=None,
                        help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
     backend = parser()

@@ -23,7 +23,7 @@ from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import VkspecError
 from .formats.quant import quantize
-from .weights import AttnW, DeltaW, LayerW, MlpW, MoeW, MtpW, Weights
+from .weights import ACTIVATIONS, AttnW, DeltaW, LayerW, MlpW, MoeW, MtpW, Weights, set_activations
 
 f32 = np.float32
 
@@ -209,13 +209,18 @@ class TextModelNames:
 
 
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
-               backend: str = "cpu", device_gb: float | None = None, tier=None):
+               backend: str = "cpu", device_gb: float | None = None, tier=None, activations: str = "f32"):
     """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
     dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
     routed experts on the device). Both have the same interface and give the
-    same bits."""
+    same bits. ``activations``: "f32" or "q8" (weights.set_activations)."""
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
+    if activations not in ACTIVATIONS:
+        raise VkspecError(f"unknown activations {activations!r} ({', '.join(ACTIVATIONS)})")
+    if activations == "q8" and backend == "vulkan":
+        raise VkspecError("--activations q8 runs on the CPU backend only for now (the device's integer "
+                          "GEMV is not built yet): use --activations f32 with --backend vulkan")
     from .backends.cpu.fpenv import ensure_ieee
     # the sampler computes on the CPU with NumPy on both backends; numba
     # runs only the CPU model's ops and the tier's CPU experts
@@ -230,6 +235,7 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     if want_mtp and not has_mtp(ckpt):
         raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
     weights = Loader(cfg, ckpt, fmt).load(want_mtp)
+    set_activations(weights, activations)
     if backend == "vulkan":
         from .backends.vulkan.model import VulkanModel
         model = VulkanModel(cfg, weights, ctx, budget_gb=device_gb, tier=tier)

@@ -23,16 +23,17 @@ from __future__ import annotations
 
 from .backends.vulkan.model import VulkanModel
 from .loader import Loader, has_mtp, open_checkpoint
-from .weights import MoeW
+from .weights import MoeW, qweights, set_activations
 
 MiB = float(1 << 20)
 
 
 def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapshots: int = 7,
-         drafts: int = 7) -> dict:
+         drafts: int = 7, activations: str = "f32") -> dict:
     cfg, ckpt = open_checkpoint(model_dir, fmt)
     mtp = has_mtp(ckpt)
     w = Loader(cfg, ckpt, fmt).load(mtp)
+    q8_matrices = set_activations(w, activations)
     slots = min(snapshots, drafts)
     p = VulkanModel.planned(cfg, w, ctx, tier, slots=slots)
     n_trunk = len(w.layers)
@@ -70,7 +71,8 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
     experts_all = sum(int(e.gate.nbytes() + e.up.nbytes() + e.down.nbytes())
                       for lw in w.layers if isinstance(lw.ffn, MoeW) for e in lw.ffn.experts)
     made_here = sum(q.nbytes() for q in qweights(w)) if fmt != "f32" else 0
-    out = dict(model=str(model_dir), dtype=fmt, context=p_ctx(cfg, ctx), mtp=mtp,
+    out = dict(model=str(model_dir), dtype=fmt, activations=activations, q8_matrices=q8_matrices,
+               context=p_ctx(cfg, ctx), mtp=mtp,
                snapshots=snapshots, drafts=drafts, copy_slots=slots,
                copy_slot_bytes=per_slot, copy_slots_bytes=per_slot * slots,
                routed_experts=experts_all, file=ckpt.file_bytes(),
@@ -82,23 +84,6 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
 
 def p_ctx(cfg, ctx):
     return ctx or min(cfg.max_position_embeddings, 4096)
-
-
-def qweights(obj, seen=None):
-    """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
-    from .formats.matrix import QWeight
-    seen = seen if seen is not None else set()
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, QWeight):
-        return [obj]
-    items = obj if isinstance(obj, list) else getattr(obj, "__dict__", {}).values()
-    out = []
-    for v in items:
-        if isinstance(v, (list, QWeight)) or hasattr(v, "__dataclass_fields__"):
-            out += qweights(v, seen)
-    return out
 
 
 def table(d: dict) -> str:
@@ -118,4 +103,5 @@ def table(d: dict) -> str:
             ("host RAM beyond the file, CPU backend", d["host_ram_cpu"]),
             ("host RAM beyond the file, Vulkan backend", d["host_ram"])]
     w = max(len(r[0]) for r in rows)
-    return "\n".join(f"{name:<{w}}  " + ("-" if b is None else f"{b / MiB:10.3f} MiB") for name, b in rows)
+    head = f"activations: {d['activations']} ({d['q8_matrices']} matrices in q8)\n"
+    return head + "\n".join(f"{name:<{w}}  " + ("-" if b is None else f"{b / MiB:10.3f} MiB") for name, b in rows)

@@ -6,7 +6,7 @@ checkpoint becomes these, and vkspec.backends.cpu.model for the forward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 
 import numpy as np
 
@@ -91,3 +91,36 @@ class Weights:
     norm: np.ndarray
     lm_head: QWeight
     mtp: MtpW | None = None
+
+
+
+def qweights(obj, seen=None) -> list[QWeight]:
+    """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
+    seen = seen if seen is not None else set()
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, QWeight):
+        return [obj]
+    items = obj if isinstance(obj, list) else getattr(obj, "__dict__", {}).values()
+    out = []
+    for v in items:
+        if isinstance(v, (list, QWeight)) or is_dataclass(v):
+            out += qweights(v, seen)
+    return out
+
+
+ACTIVATIONS = ("f32", "q8")
+
+
+def set_activations(weights: Weights, acts: str) -> int:
+    """Give every matrix that q8 applies to (formats.intform.supports) the
+    arithmetic ``acts``; float weights always keep f32. Returns how many
+    matrices take q8."""
+    from .formats.intform import supports
+    count = 0
+    for w in qweights(weights):
+        if supports(w):
+            w.acts = acts
+            count += acts == "q8"
+    return count

@@ -8,7 +8,7 @@ import numpy as np
 
 from vkspec.speculative import generate
 from vkspec.loader import load_model
-from vkspec.plan import qweights as _qweights
+from vkspec.weights import qweights as _qweights
 from vkspec.tiny import make_tiny
 
 CONFIGS = {

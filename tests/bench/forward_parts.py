@@ -1,7 +1,7 @@
 """Where a CPU forward's time goes: each compiled kernel timed around its
 calls, the rest (Python, NumPy, the calls' own dispatch) by difference.
 
-    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30]
+    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30] [--activations q8]
 
 After a 186-row prefill (random ids), each row count is fed `repeat` times
 on top of it and rewound, so every forward sees the same cache length. A
@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from vkspec.backends.cpu import jit, jit_attend, jit_blocks, jit_math
+from vkspec.backends.cpu import jit, jit_attend, jit_blocks, jit_math, qdot
 from vkspec.loader import load_model
 
-KERNELS = ((jit_blocks, "_gemv", "block GEMVs"), (jit, "_gemv", "f32 GEMVs"), (jit_attend, "_attend", "attention"),
+KERNELS = ((qdot, "gemv", "q8 GEMVs"), (qdot, "quantize", "q8 quantise"), (jit_blocks, "_gemv", "block GEMVs"), (jit, "_gemv", "f32 GEMVs"), (jit_attend, "_attend", "attention"),
            (jit_math, "_rms_rows", "norms"), (jit_math, "_rope_rows", "RoPE"),
            (jit_math, "_elementwise_kernel", "activations"), (jit_math, "_softmax_rows", "softmax"))
 
@@ -30,8 +30,9 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--rows", default="1,5,8")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--activations", default="f32")
     args = ap.parse_args()
-    m = load_model(args.model, backend="cpu", ctx=1024)
+    m = load_model(args.model, backend="cpu", ctx=1024, activations=args.activations)
     m.warm()
     spent, calls = collections.defaultdict(float), collections.Counter()
     for mod, name, label in KERNELS:

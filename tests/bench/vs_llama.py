@@ -2,7 +2,12 @@
 process, rounds interleaved; prints one table (markdown) and writes JSON.
 
     python tests/bench/vs_llama.py MODEL.gguf [--rounds 3] [-n 96] [--backends cpu,vulkan]
+                                   [--activations f32,q8] [--no-lookup]
                                    [--peer DIR] [--peer-vulkan DIR] [--out out/vs_llama.json]
+
+--activations runs vkspec once per arithmetic (q8: int8 activation blocks
+and integer dots), each as its own rows; --no-lookup leaves out the lookup
+rows of both programs (real-width files, where a round is minutes).
 
 The peer is llama.cpp 0c1e57098 (../shared/peer/build-llama-cpp.sh prints its
 bin folder; --peer or $LLAMA_BIN). With --peer-vulkan (the bin folder that
@@ -71,10 +76,11 @@ def timed(cmd, env=None) -> tuple[float, int, str, str]:
     return wall, rss, res.stdout, res.stderr
 
 
-def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False):
+def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False, activations="f32"):
     text = Path(prompt_file).read_text()
     wall, rss, out, _ = timed([sys.executable, "-m", "vkspec.cli", "run", model, "--prompt", text, "-n", n,
-                               "--backend", backend, "--spec", spec, "--json"] + ["--stop-eos"] * stop_eos, env)
+                               "--backend", backend, "--spec", spec, "--json", "--activations", activations]
+                              + ["--stop-eos"] * stop_eos, env)
     d = json.loads(out)
     return dict(wall=wall, rss=rss, prefill_tok_s=d["prompt_tokens"] / max(d["prefill_s"], 1e-9),
                 decode_tok_s=d["decode_tok_s"], tokens=d["tokens"], tpf=d["tokens_per_forward"])
@@ -97,6 +103,11 @@ def llama(bin_dir, tool, model, prompt_file, n, extra=(), env=None):
     return got
 
 
+def runs_of(a) -> list[str]:
+    """"backend activations" for every vkspec configuration of the run."""
+    return [f"{b} {acts}" for b in a.backends.split(",") for acts in a.activations.split(",")]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -108,6 +119,8 @@ def main() -> int:
                          "VM advertises AMX it cannot run)")
     ap.add_argument("--peer-vulkan", default=None,
                     help="llama.cpp's Vulkan build's bin folder (tests/bench/build_llama_vulkan.sh)")
+    ap.add_argument("--activations", default="f32", help="vkspec's arithmetic(s), comma-separated: f32, q8")
+    ap.add_argument("--no-lookup", action="store_true", help="plain decoding and prefill only")
     ap.add_argument("--out", default="out/vs_llama.json")
     a = ap.parse_args()
     text, n_prompt = rendered_prompt(a.model)
@@ -124,18 +137,22 @@ def main() -> int:
         print(f"round {rnd + 1}/{a.rounds}", file=sys.stderr, flush=True)
         add("llama.cpp cpu start", llama(a.peer, "llama-completion", a.model, pf, 1, completion))
         add("llama.cpp cpu plain", llama(a.peer, "llama-completion", a.model, pf, a.n, completion))
-        add("llama.cpp cpu lookup8", llama(a.peer, "llama-lookup", a.model, pf, a.n, ("--spec-draft-n-max", "8")))
-        add("llama.cpp cpu ngram", llama(a.peer, "llama-speculative-simple", a.model, pf, a.n,
-                                         ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
-                                          "--spec-ngram-simple-size-m", "16")))
+        if not a.no_lookup:
+            add("llama.cpp cpu lookup8", llama(a.peer, "llama-lookup", a.model, pf, a.n, ("--spec-draft-n-max", "8")))
+            add("llama.cpp cpu ngram", llama(a.peer, "llama-speculative-simple", a.model, pf, a.n,
+                                             ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+                                              "--spec-ngram-simple-size-m", "16")))
         if a.peer_vulkan and "vulkan" in a.backends.split(","):
             venv, gpu = dict(env, GGML_VK_VISIBLE_DEVICES="0"), completion + ("-ngl", "99")
             add("llama.cpp vulkan start", llama(a.peer_vulkan, "llama-completion", a.model, pf, 1, gpu, venv))
             add("llama.cpp vulkan plain", llama(a.peer_vulkan, "llama-completion", a.model, pf, a.n, gpu, venv))
-        for backend in a.backends.split(","):
-            add(f"vkspec {backend} start", vkspec_run(a.model, pf, 1, backend, "off", env))
-            add(f"vkspec {backend} plain", vkspec_run(a.model, pf, a.n, backend, "off", env))
-            add(f"vkspec {backend} lookup", vkspec_run(a.model, pf, a.n, backend, "lookup", env, stop_eos=True))
+        for backend in runs_of(a):
+            b, acts = backend.split(" ")
+            add(f"vkspec {backend} start", vkspec_run(a.model, pf, 1, b, "off", env, activations=acts))
+            add(f"vkspec {backend} plain", vkspec_run(a.model, pf, a.n, b, "off", env, activations=acts))
+            if not a.no_lookup:
+                add(f"vkspec {backend} lookup", vkspec_run(a.model, pf, a.n, b, "lookup", env, stop_eos=True,
+                                                           activations=acts))
     med = statistics.median
 
     def m(key, field):
@@ -143,10 +160,10 @@ def main() -> int:
         return med(vals) if vals else None
 
     rows = []
-    for backend in a.backends.split(","):
-        same = all(lk["tokens"] == pl["tokens"][:len(lk["tokens"])] for lk, pl in zip(runs[f"vkspec {backend} lookup"],
-                                                                                        runs[f"vkspec {backend} plain"]))
-        peer = "vulkan" if backend == "vulkan" and a.peer_vulkan else "cpu"
+    for backend in runs_of(a):
+        same = all(lk["tokens"] == pl["tokens"][:len(lk["tokens"])] for lk, pl in zip(
+            runs.get(f"vkspec {backend} lookup", []), runs[f"vkspec {backend} plain"]))
+        peer = "vulkan" if backend.startswith("vulkan") and a.peer_vulkan else "cpu"
         best_lookup = max(m(f"llama.cpp {peer} lookup8", "decode_tok_s") or 0,
                           m(f"llama.cpp {peer} ngram", "decode_tok_s") or 0)
         rows += [
@@ -157,8 +174,9 @@ def main() -> int:
              m(f"llama.cpp {peer} plain", "prefill_tok_s")),
             (f"{backend}: plain decode tok/s", m(f"vkspec {backend} plain", "decode_tok_s"),
              m(f"llama.cpp {peer} plain", "decode_tok_s")),
+        ] + ([] if a.no_lookup else [
             (f"{backend}: lookup decode tok/s (text same as plain: {'yes' if same else 'NO'})",
-             m(f"vkspec {backend} lookup", "decode_tok_s"), best_lookup or None),
+             m(f"vkspec {backend} lookup", "decode_tok_s"), best_lookup or None)]) + [
             (f"{backend}: whole request wall s (-n {a.n})", m(f"vkspec {backend} plain", "wall"),
              m(f"llama.cpp {peer} plain", "wall")),
         ]

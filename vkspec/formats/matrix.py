@@ -58,13 +58,18 @@ class QWeight:
     reads them (llama.cpp's interleaved q/k rows, Qwen3-Next's per-head
     groups), logical row i is stored row order[i]. Nothing is moved on the
     host: the CPU permutes a GEMV's outputs (each row's bits do not depend on
-    its neighbours), the device upload writes the rows in logical order."""
+    its neighbours), the device upload writes the rows in logical order.
+
+    ``acts``: the arithmetic of a GEMV over this weight: "f32" (exact.gemv
+    of the decoded values) or "q8" (int8 activation blocks and integer dots,
+    exact.q8_dot; set by --activations q8 on the block formats)."""
     fmt: str
     rows: int
     cols: int
     data: np.ndarray
     scales: np.ndarray
     order: np.ndarray | None = None
+    acts: str = "f32"
 
     def __post_init__(self):
         f = FORMATS[self.fmt]
@@ -96,19 +101,19 @@ class QWeight:
         if self.order is not None:
             return self.take(np.arange(r0, r1))
         return QWeight(self.fmt, r1 - r0, self.cols, self.data[r0:r1],
-                       self.scales[r0:r1] if self.scales.size else self.scales)
+                       self.scales[r0:r1] if self.scales.size else self.scales, acts=self.acts)
 
     def take(self, ids) -> "QWeight":
         """Logical rows ``ids``, in that order, each with its own bytes (a copy:
         the lm_head rows of the MTP head's draft vocabulary)."""
         s = self.stored(np.asarray(ids, dtype=np.int64))
         return QWeight(self.fmt, int(s.size), self.cols, np.ascontiguousarray(self.data[s]),
-                       np.ascontiguousarray(self.scales[s]) if self.scales.size else self.scales)
+                       np.ascontiguousarray(self.scales[s]) if self.scales.size else self.scales, acts=self.acts)
 
     def reordered(self, order) -> "QWeight":
         """The same bytes read in another row order (logical row i = current logical row order[i])."""
         return QWeight(self.fmt, self.rows, self.cols, self.data, self.scales,
-                       self.stored(np.asarray(order, dtype=np.int64)))
+                       self.stored(np.asarray(order, dtype=np.int64)), self.acts)
 
 
 def no_scales() -> np.ndarray:

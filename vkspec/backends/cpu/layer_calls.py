@@ -38,7 +38,7 @@ def qualifies(lw: LayerW) -> bool:
     if a.gated:
         return False
     mats = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
-    if not all(isinstance(w, QWeight) and w.fmt != "f32" for w in mats):
+    if not all(isinstance(w, QWeight) and w.fmt != "f32" and w.acts == "f32" for w in mats):
         return False
     return all(jit_blocks._own(w, *jit_blocks.kernel_args(w)[:2]) for w in mats)   # kept: no copies
 

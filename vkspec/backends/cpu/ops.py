@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ... import exact
+from ...formats.intform import block_size, int_form
 from ...formats.matrix import QWeight, dequantize
-from . import jit, jit_attend, jit_blocks, jit_math
+from . import jit, jit_attend, jit_blocks, jit_math, qdot
 
 f32 = np.float32
 
@@ -25,7 +26,10 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     """x (..., cols) -> (..., rows); every row as if alone. The definition
     decodes rows_per_chunk rows at a time (formats.matrix.dequantize) and takes
     exact.gemv; the compiled path (jit_blocks) decodes each row into a small
-    buffer (VKSPEC_CPU_JIT=0 runs the definition: the same bits)."""
+    buffer (VKSPEC_CPU_JIT=0 runs the definition: the same bits). A weight
+    with q8 activations takes gemv_q8."""
+    if w.acts == "q8":
+        return gemv_q8(w, x)
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
@@ -38,10 +42,38 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     return out.reshape(lead + (w.rows,))
 
 
+def gemv_q8(w: QWeight, x: np.ndarray, quantised: dict | None = None, rows_per_chunk: int = 256) -> np.ndarray:
+    """gemv's q8 variant: each row of x quantised per block to int8
+    (exact.quantize_q8), integer dots with the weight's integer form and
+    the float part in exact.q8_dot's order. Compiled: backends/cpu/qdot.py
+    (the same bits). ``quantised`` keeps one quantisation per block size
+    for the matrices one input feeds."""
+    x = np.asarray(x, dtype=f32)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    fb = block_size(w.fmt)
+    quantised = {} if quantised is None else quantised
+    if fb not in quantised:
+        quantised[fb] = qdot.quantize(x2, fb) if jit.enabled() else exact.quantize_q8(x2, fb)
+    a = quantised[fb]
+    if jit.enabled():
+        return qdot.gemv(w, a).reshape(lead + (w.rows,))
+    out = np.empty((x2.shape[0], w.rows), dtype=f32)
+    for r0 in range(0, w.rows, rows_per_chunk):
+        r1 = min(w.rows, r0 + rows_per_chunk)
+        out[:, r0:r1] = exact.q8_dot(int_form(w, r0, r1), *a)
+    return out.reshape(lead + (w.rows,))
+
+
 def gemvs(ws, x: np.ndarray, norm=None) -> list[np.ndarray]:
     """[gemv(w, x) for w in ws]: the matrices one input feeds (q, k and v;
     gate and up), in one compiled call where they are all in blocks; with
-    norm = (w, eps), of rmsnorm(x, w, eps) (in the same call)."""
+    norm = (w, eps), of rmsnorm(x, w, eps) (in the same call). With q8
+    activations the input is normed once and quantised once per block size."""
+    if any(w.acts == "q8" for w in ws):
+        h = x if norm is None else rmsnorm(x, *norm)
+        quantised: dict = {}
+        return [gemv_q8(w, h, quantised) if w.acts == "q8" else gemv(w, h) for w in ws]
     if not jit.enabled() or any(w.fmt == "f32" for w in ws):
         h = x if norm is None else rmsnorm(x, *norm)
         return [gemv(w, h) for w in ws]
@@ -53,6 +85,8 @@ def gemvs(ws, x: np.ndarray, norm=None) -> list[np.ndarray]:
 def act_gemv(w: QWeight, act: str, g, u) -> np.ndarray:
     """gemv(w, act_mul(act, g, u)): the MLP's down projection of its
     activation, in one compiled call where w is in blocks."""
+    if w.acts == "q8":
+        return gemv_q8(w, act_mul(act, g, u))
     if not jit.enabled() or w.fmt == "f32" or np.shape(g) != np.shape(u) or np.ndim(g) != 2:
         return gemv(w, act_mul(act, g, u))
     return jit_blocks.gemv_many([w], g, logical=True, up=u, act="gelu_tanh" if act == "gelu_tanh" else "silu")[0]

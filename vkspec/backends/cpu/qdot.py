@@ -33,9 +33,13 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 def variant() -> str:
     """The instruction set whose library runs (VKSPEC_CPU_ISA forces one)."""
+    return _variant(os.environ.get("VKSPEC_CPU_ISA"))
+
+
+@lru_cache(maxsize=None)
+def _variant(forced: str | None) -> str:
     flags = _cpuinfo()[1]
     have = [v for v in build.VARIANTS if _NEEDS[v] <= flags]
-    forced = os.environ.get("VKSPEC_CPU_ISA")
     if forced:
         if forced not in build.VARIANTS:
             raise ValueError(f"VKSPEC_CPU_ISA={forced!r}: one of {', '.join(build.VARIANTS)}")
@@ -68,7 +72,8 @@ THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity"
 @dataclass
 class Q8Rows:
     """Activation rows quantised for one block size: q int8 (n, C), d
-    float32 (n, C // fb), sums of 16 and of 32 columns int32."""
+    float32 (n, C // fb), sums of 16 columns (int16: |sum| <= 2032) and of
+    32 columns (int32)."""
     fb: int
     q: np.ndarray
     d: np.ndarray
@@ -85,7 +90,7 @@ def quantize(x: np.ndarray, fb: int) -> Q8Rows:
     n, c = x.shape
     q = np.empty((n, c), np.int8)
     d = np.empty((n, c // fb), np.float32)
-    s16 = np.empty((n, c // 16), np.int32)
+    s16 = np.empty((n, c // 16), np.int16)
     s32 = np.empty((n, c // 32), np.int32)
     lib().vk_q8_quantize(x.ctypes.data, n, c, fb, q.ctypes.data, d.ctypes.data, s16.ctypes.data, s32.ctypes.data)
     return Q8Rows(fb, q, d, s16, s32)
@@ -98,7 +103,7 @@ def gemv(w: QWeight, a: Q8Rows, out: np.ndarray | None = None) -> np.ndarray:
     n = a.n
     if out is None:
         out = np.empty((n, w.rows), np.float32)
-    assert out.dtype == np.float32 and out.strides[1] == 4
+    assert out.dtype == np.float32 and (out.strides[1] == 4 or n == 0)
     scales = w.scales if w.fmt in ("int8", "int4-g64") else None
     order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
     assert w.data.strides[1] == 1

@@ -63,7 +63,12 @@ def compile_one(variant: str, dest: Path) -> Path:
 
 
 def compile_all(dest: Path = HERE / "lib") -> list[Path]:
-    return [compile_one(v, dest) for v in VARIANTS]
+    """Every variant, and the libraries of older sources removed."""
+    made = [compile_one(v, dest) for v in VARIANTS]
+    for old in dest.glob("qdot_*.so"):
+        if old not in made:
+            old.unlink(missing_ok=True)
+    return made
 
 
 if __name__ == "__main__":

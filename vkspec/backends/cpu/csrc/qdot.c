@@ -30,6 +30,9 @@ static inline uint32_t to_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return 
 /* formats/ggml.py f16_bits_to_f32: exact widening, subnormals by one product */
 static float f16(const uint8_t *p) {
     uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+#if defined(__F16C__)
+    return _cvtsh_ss((unsigned short)h);    /* the same value; a signalling NaN comes back quiet (payloads aside) */
+#endif
     uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
     if (e == 0) return from_bits(to_bits((float)man * 5.9604644775390625e-08f) | sign);
     if (e == 31) return from_bits(sign | 0x7F800000u | (man << 13));
@@ -50,7 +53,7 @@ static float recip(float a) {
 /* ---- activations: exact.quantize_q8 and q8_sums ------------------------------------ */
 
 void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
-                    int8_t *q, float *d, int32_t *s16, int32_t *s32) {
+                    int8_t *q, float *d, int16_t *s16, int32_t *s32) {
     const float inv_max = (float)(1.0 / 127.0), magic = 12582912.0f, min_normal = 1.17549435e-38f;
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * cols;
@@ -78,7 +81,7 @@ void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
         for (int64_t g = 0; g < cols / 16; g++) {
             int32_t s = 0;
             for (int i = 0; i < 16; i++) s += qr[16 * g + i];
-            s16[r * (cols / 16) + g] = s;
+            s16[r * (cols / 16) + g] = (int16_t)s;       /* |s| <= 16 x 127 */
         }
         for (int64_t g = 0; g < cols / 32; g++)
             s32[r * (cols / 32) + g] = s16[r * (cols / 16) + 2 * g] + s16[r * (cols / 16) + 2 * g + 1];
@@ -90,8 +93,10 @@ void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
 typedef struct {
     uint8_t *u;         /* cols bytes: unsigned value + zero point, or signed (Q8_0, int8) */
     float *dw, *mw;     /* per float block: d (or dmin's partner) and m / dmin */
-    int32_t *sc, *mn;   /* K-quants: per 16 columns */
-    int32_t *scv;       /* K-quants: per 32 columns, 8 int32 lanes: sc of the first 16 x4, second x4 */
+    int8_t *sc, *mn;    /* K-quants: scale and min per 16 columns (signed scales fit: Q6_K's are int8) */
+    int32_t *scv;       /* K-quants: the scale of each int32 lane of the dot products (lane_scales) */
+    int16_t *m16;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
+                           Q5_K) or z x scale (Q3_K, Q6_K; |4096| at most) */
 } Row;
 
 static int zero_point(int f) {
@@ -104,12 +109,76 @@ static int zero_point(int f) {
     }
 }
 
-static void k4_scales(const uint8_t *s, int32_t *sc, int32_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63; mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+/* Q4_K/Q5_K's eight 6-bit (scale, min) pairs in 12 bytes (formats/ggml.py _k4_scales_mins),
+ * four at a time as the bytes of a little-endian word, each widened to the two 16-column
+ * groups it covers */
+static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, s, 4); memcpy(&w1, s + 4, 4); memcpy(&w2, s + 8, 4);
+    uint32_t v[4] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4),
+                     w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+    uint8_t b[16];
+    memcpy(b, v, 16);                 /* scales 0-7, then mins 0-7 */
+    for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[g / 2]; mn[g] = (int8_t)b[8 + g / 2]; }
+}
+
+/* 16 bytes of nibbles -> 32 values (low nibbles first), with bit j of qh as value j's 5th bit */
+static inline void nibbles32(const uint8_t *qs, uint32_t qh, uint8_t *u) {
+#if defined(__AVX2__)
+    const __m128i m = _mm_set1_epi8(15);
+    __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
+    if (qh) {   /* byte j of the broadcast word's byte j / 8, tested against bit j % 8 */
+        const __m256i sel = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+        h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+        v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(16)));
     }
+    _mm256_storeu_si256((__m256i *)u, v);
+#else
+    for (int j = 0; j < 16; j++) { u[j] = qs[j] & 15; u[j + 16] = qs[j] >> 4; }
+    for (int j = 0; j < 32; j++) u[j] |= ((qh >> j) & 1u) << 4;
+#endif
+}
+
+/* u[l] = ((a[l] >> sa) & ma) | (((b[l] >> sb) & mb) << lb) for l < 32 (no b: the first term) */
+static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uint8_t *b, int sb, int mb, int lb) {
+#if defined(__AVX2__)
+    __m256i v = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)a), _mm_cvtsi32_si128(sa)),
+                                 _mm256_set1_epi8((char)ma));
+    if (b) {
+        __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b), _mm_cvtsi32_si128(sb)),
+                                     _mm256_set1_epi8((char)mb));
+        v = _mm256_or_si256(v, _mm256_sll_epi16(h, _mm_cvtsi32_si128(lb)));
+    }
+    _mm256_storeu_si256((__m256i *)u, v);
+#else
+    for (int l = 0; l < 32; l++) u[l] = (uint8_t)(((a[l] >> sa) & ma) | (b ? ((b[l] >> sb) & mb) << lb : 0));
+#endif
+}
+
+/* The scale of every int32 lane of a superblock's dot products (64 lanes of 4 columns: lane j
+ * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
+ * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
+ * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
+static void lane_scales(const int8_t *sc, int32_t *scv) {
+#if defined(__AVX2__)
+    __m128i g = _mm_loadu_si128((const __m128i *)sc);
+    for (int c = 0; c < 8; c++) {       /* 32 columns: groups 2c (lanes 0-3) and 2c + 1 (lanes 4-7) */
+        __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                     2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
+        __m256i v = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(g, pick));
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
+        v = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+#else
+        v = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+#endif
+        _mm256_storeu_si256((__m256i *)(scv + 8 * c), v);
+    }
+#else
+    (void)sc; (void)scv;
+#endif
 }
 
 static void decode_row(int f, const uint8_t *src, const float *scales, int64_t cols, Row *o) {
@@ -135,60 +204,53 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
             if (f == F_Q8_0) { memcpy(u, p + 2, 32); continue; }
             if (f == F_Q4_1 || f == F_Q5_1) o->mw[b] = f16(p + 2);
             const uint8_t *qs = p + (f == F_Q4_0 ? 2 : f == F_Q4_1 ? 4 : f == F_Q5_0 ? 6 : 8);
-            for (int j = 0; j < 16; j++) { u[j] = qs[j] & 15; u[j + 16] = qs[j] >> 4; }
-            if (f == F_Q5_0 || f == F_Q5_1) {
-                const uint8_t *h = p + (f == F_Q5_0 ? 2 : 4);
-                uint32_t qh = (uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
-                for (int j = 0; j < 32; j++) u[j] |= ((qh >> j) & 1u) << 4;
-            }
+            uint32_t qh = 0;
+            if (f == F_Q5_0 || f == F_Q5_1) memcpy(&qh, p + (f == F_Q5_0 ? 2 : 4), 4);   /* little-endian */
+            nibbles32(qs, qh, u);
         }
         return;
     }
     for (int64_t b = 0; b < cols / 256; b++) {
         const uint8_t *p = src + b * bb;
         uint8_t *u = o->u + 256 * b;
-        int32_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
+        int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
-            for (int g = 0; g < 16; g++) { sc[g] = p[g] & 15; mn[g] = p[g] >> 4; }
+            for (int g = 0; g < 16; g++) { sc[g] = (int8_t)(p[g] & 15); mn[g] = (int8_t)(p[g] >> 4); }
             for (int half = 0; half < 2; half++)
-                for (int ps = 0; ps < 4; ps++)
-                    for (int l = 0; l < 32; l++) u[128 * half + 32 * ps + l] = (p[16 + 32 * half + l] >> (2 * ps)) & 3;
+                for (int ps = 0; ps < 4; ps++) put32(u + 128 * half + 32 * ps, p + 16 + 32 * half, 2 * ps, 3, 0, 0, 0, 0);
         } else if (f == F_Q3_K) {
             o->dw[b] = f16(p + 108);
             const uint8_t *lo = p + 96, *hi = p + 104;
-            for (int g = 0; g < 8; g++) { sc[g] = lo[g] & 15; sc[g + 8] = lo[g] >> 4; }
-            for (int g = 0; g < 16; g++) sc[g] = (sc[g] | (((hi[g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32;
+            for (int g = 0; g < 8; g++) { sc[g] = (int8_t)(lo[g] & 15); sc[g + 8] = (int8_t)(lo[g] >> 4); }
+            for (int g = 0; g < 16; g++) sc[g] = (int8_t)((sc[g] | (((hi[g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32);
             for (int half = 0; half < 2; half++)
                 for (int ps = 0; ps < 4; ps++)
-                    for (int l = 0; l < 32; l++)
-                        u[128 * half + 32 * ps + l] = ((p[32 + 32 * half + l] >> (2 * ps)) & 3)
-                                                    | (((p[l] >> (4 * half + ps)) & 1) << 2);
+                    put32(u + 128 * half + 32 * ps, p + 32 + 32 * half, 2 * ps, 3, p, 4 * half + ps, 1, 2);
         } else if (f == F_Q4_K || f == F_Q5_K) {
-            int32_t s8[8], m8[8];
             o->dw[b] = f16(p); o->mw[b] = f16(p + 2);
-            k4_scales(p + 4, s8, m8);
-            for (int g = 0; g < 16; g++) { sc[g] = s8[g / 2]; mn[g] = m8[g / 2]; }
-            const uint8_t *qs = p + (f == F_Q4_K ? 16 : 48), *qh = p + 16;
-            for (int c = 0; c < 4; c++)
-                for (int l = 0; l < 32; l++) {
-                    u[64 * c + l] = qs[32 * c + l] & 15;
-                    u[64 * c + 32 + l] = qs[32 * c + l] >> 4;
-                }
-            if (f == F_Q5_K)
-                for (int c = 0; c < 8; c++)
-                    for (int l = 0; l < 32; l++) u[32 * c + l] |= ((qh[l] >> c) & 1) << 4;
+            k4_scales(p + 4, sc, mn);
+            const uint8_t *qs = p + (f == F_Q4_K ? 16 : 48), *qh = f == F_Q5_K ? p + 16 : 0;
+            for (int c = 0; c < 4; c++) {
+                put32(u + 64 * c, qs + 32 * c, 0, 15, qh, 2 * c, 1, 4);
+                put32(u + 64 * c + 32, qs + 32 * c, 4, 15, qh, 2 * c + 1, 1, 4);
+            }
         } else {                                                    /* Q6_K */
             o->dw[b] = f16(p + 208);
             for (int g = 0; g < 16; g++) sc[g] = (int8_t)p[192 + g];
             for (int half = 0; half < 2; half++)
                 for (int k = 0; k < 4; k++)
-                    for (int l = 0; l < 32; l++)
-                        u[128 * half + 32 * k + l] = ((p[64 * half + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15)
-                                                   | (((p[128 + 32 * half + l] >> (2 * k)) & 3) << 4);
+                    put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
+                          p + 128 + 32 * half, 2 * k, 3, 4);
         }
-        for (int c = 0; c < 8; c++)
-            for (int i = 0; i < 8; i++) o->scv[64 * b + 8 * c + i] = sc[2 * c + i / 4];
+        lane_scales(sc, o->scv + 64 * b);
+        const int zk = zero_point(f);
+#if defined(__AVX2__)
+        __m256i m = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(zk ? sc : mn)));
+        _mm256_storeu_si256((__m256i *)(o->m16 + 16 * b), zk ? _mm256_mullo_epi16(m, _mm256_set1_epi16((short)zk)) : m);
+#else
+        for (int g = 0; g < 16; g++) o->m16[16 * b + g] = (int16_t)(zk ? zk * sc[g] : mn[g]);
+#endif
     }
 }
 
@@ -280,32 +342,66 @@ static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
     return fold8(l);
 }
 
-/* one activation row against a decoded K-quant row */
-static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int32_t *s16) {
+#if defined(__AVX2__)
+/* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock */
+static inline I8 sb_dot(const uint8_t *u, const int8_t *q, const int32_t *scv) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};    /* two chains: half the latency */
+    for (int c = 0; c < 4; c++)
+        acc[c & 1] = _mm512_dpwssd_epi32(acc[c & 1], _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                         _mm512_loadu_si512(u + 64 * c), _mm512_loadu_si512(q + 64 * c)),
+                                         _mm512_loadu_si512(scv + 16 * c));
+    __m512i a = _mm512_add_epi32(acc[0], acc[1]);
+    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
+#elif defined(__AVXVNNI__)
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 8; c++)
+        acc[c & 1] = _mm256_dpwssd_avx_epi32(acc[c & 1], dot32_u(u + 32 * c, q + 32 * c),
+                                             _mm256_loadu_si256((const __m256i *)(scv + 8 * c)));
+    return _mm256_add_epi32(acc[0], acc[1]);
+#else
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 8; c++) {
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(u + 32 * c)),
+                                             _mm256_loadu_si256((const __m256i *)(q + 32 * c)));
+        acc[c & 1] = _mm256_add_epi32(acc[c & 1], _mm256_madd_epi16(pairs, _mm256_loadu_si256((const __m256i *)(scv + 8 * c))));
+    }
+    return _mm256_add_epi32(acc[0], acc[1]);
+#endif
+}
+
+/* int32 lanes whose sum is sum_g a_g * b_g over 16 groups, both int16 */
+static inline I8 dot16(const int16_t *a, const int16_t *b) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
+}
+#endif
+
+/* one K-quant superblock's integer sums against one activation row: s1 = sum_g sc_g (u.q - z sum q)
+ * over its 16-column groups g, s2 = sum_g mn_g sum q */
+static inline void sb_sums(const Row *w, int64_t b, int z, int mins, const int8_t *q, const int16_t *s16,
+                           int32_t *s1, int32_t *s2) {
+    const uint8_t *u = w->u + 256 * b;
+    const int8_t *qb = q + 256 * b;
+    const int16_t *sg = s16 + 16 * b;
+    const int8_t *sc = w->sc + 16 * b, *mn = w->mn + 16 * b;
+    int32_t d = 0, zs = 0, m = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t s = 0;
+        for (int i = 0; i < 16; i++) s += u[16 * g + i] * qb[16 * g + i];
+        d += sc[g] * s;
+        zs += sc[g] * sg[g];
+        m += mn[g] * sg[g];
+    }
+    *s1 = d - z * zs;
+    *s2 = mins ? m : 0;
+}
+
+/* one activation row against a decoded K-quant row, superblock by superblock (plain C) */
+static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *u = w->u + 256 * b;
-        const int8_t *qb = q + 256 * b;
-        int32_t s1;
-#if defined(__AVX2__)
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++)
-            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(dot32_u(u + 32 * c, qb + 32 * c),
-                                                           _mm256_loadu_si256((const __m256i *)(w->scv + 64 * b + 8 * c))));
-        s1 = hsum(acc);
-#else
-        s1 = 0;
-        for (int g = 0; g < 16; g++) {
-            int32_t s = 0;
-            for (int i = 0; i < 16; i++) s += u[16 * g + i] * qb[16 * g + i];
-            s1 += w->sc[16 * b + g] * s;
-        }
-#endif
-        int32_t zs = 0, s2 = 0;
-        const int32_t *sg = s16 + 16 * b, *sc = w->sc + 16 * b, *mn = w->mn + 16 * b;
-        for (int g = 0; g < 16; g++) zs += sc[g] * sg[g];
-        if (mins) for (int g = 0; g < 16; g++) s2 += mn[g] * sg[g];
-        s1 -= z * zs;
+        int32_t s1, s2;
+        sb_sums(w, b, z, mins, q, s16, &s1, &s2);
         float a = (w->dw[b] * dx[b]) * (float)s1;
         if (mins) a = a - (w->mw[b] * dx[b]) * (float)s2;
         l[b & 7] = l[b & 7] + a;
@@ -313,11 +409,71 @@ static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
     return fold8(l);
 }
 
+#if defined(__AVX2__)
+/* one superblock against one activation row, its weights and lane scales already in registers */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q) {
+    __m512i a0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[0], _mm512_loadu_si512(q)), S[0]);
+    __m512i a1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[1], _mm512_loadu_si512(q + 64)), S[1]);
+    a0 = _mm512_dpwssd_epi32(a0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[2], _mm512_loadu_si512(q + 128)), S[2]);
+    a1 = _mm512_dpwssd_epi32(a1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[3], _mm512_loadu_si512(q + 192)), S[3]);
+    a0 = _mm512_add_epi32(a0, a1);
+    return _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+}
+#endif
+
+/* every activation row against a decoded K-quant row: superblocks outer, rows inner, so that a
+ * superblock's weights and lane scales are loaded once for all the rows (L1's load ports, not
+ * the arithmetic, bound the rows-outer order). P: 8 n vectors, L: 8 n floats of scratch. */
+static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
+                   int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
+    for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *u = w->u + 256 * (b + j);
+            const int32_t *scv = w->scv + 64 * (b + j);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            __m512i U[4], S[4];
+            for (int c = 0; c < 4; c++) { U[c] = _mm512_loadu_si512(u + 64 * c); S[c] = _mm512_loadu_si512(scv + 16 * c); }
+            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + 256 * (b + j));
+#else
+            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(u, q + r * cols + 256 * (b + j), scv);
+#endif
+        }
+        for (int64_t r = 0; r < n; r++) {
+            const int16_t *sr = s16 + r * (cols / 16) + 16 * b;
+            I8 t[8];
+            for (int j = 0; j < 8; j++) t[j] = dot16(w->m16 + 16 * (b + j), sr + 16 * j);
+            __m256i s1 = hsum8(P + 8 * r), s2 = _mm256_setzero_si256();
+            if (z) s1 = _mm256_sub_epi32(s1, hsum8(t));
+            if (mins) s2 = hsum8(t);
+            __m256 x = _mm256_loadu_ps(dx + r * nb + b);
+            __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w->dw + b), x), _mm256_cvtepi32_ps(s1));
+            if (mins)
+                a = _mm256_sub_ps(a, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w->mw + b), x), _mm256_cvtepi32_ps(s2)));
+            _mm256_storeu_ps(L + 8 * r, _mm256_add_ps(_mm256_loadu_ps(L + 8 * r), a));
+        }
+    }
+    for (; b < nb; b++)
+        for (int64_t r = 0; r < n; r++) {
+            int32_t s1, s2;
+            sb_sums(w, b, z, mins, q + r * cols, s16 + r * (cols / 16), &s1, &s2);
+            float a = (w->dw[b] * dx[r * nb + b]) * (float)s1;
+            if (mins) a = a - (w->mw[b] * dx[r * nb + b]) * (float)s2;
+            L[8 * r + (b & 7)] = L[8 * r + (b & 7)] + a;
+        }
+    for (int64_t r = 0; r < n; r++) y[r * ys] = fold8(L + 8 * r);
+}
+#endif
+
 /* y[r * y_stride + i] = row i of the weight (logical; stored row order[i] when order is given)
  * against activation row r, for r < n. scales: float32 (rows, scale_stride) for int8 / int4-g64. */
 void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales, int64_t scale_stride,
                 const int64_t *order, int64_t rows, int64_t cols,
-                const int8_t *q, const float *dx, const int32_t *s16, const int32_t *s32, int64_t n,
+                const int8_t *q, const float *dx, const int16_t *s16, const int32_t *s32, int64_t n,
                 float *y, int64_t y_stride, int threads) {
     const int kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
@@ -330,19 +486,30 @@ void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales,
         o.u = aligned_alloc(64, (size_t)((cols + 63) / 64 * 64));
         o.dw = malloc(sizeof(float) * (size_t)nb);
         o.mw = malloc(sizeof(float) * (size_t)nb);
-        o.sc = malloc(sizeof(int32_t) * (size_t)(cols / 16 + 1));
-        o.mn = malloc(sizeof(int32_t) * (size_t)(cols / 16 + 1));
-        o.scv = malloc(sizeof(int32_t) * (size_t)(cols / 4 + 1));
+        o.sc = malloc((size_t)(cols / 16 + 16));
+        o.mn = malloc((size_t)(cols / 16 + 16));
+        o.scv = aligned_alloc(64, sizeof(int32_t) * (size_t)(cols / 4 + 16));
+        o.m16 = malloc(sizeof(int16_t) * (size_t)(cols / 16 + 16));
+#if defined(__AVX2__)
+        I8 *P = aligned_alloc(64, sizeof(I8) * (size_t)(8 * n + 8));
+        float *L = malloc(sizeof(float) * (size_t)(8 * n + 8));
+#endif
         #pragma omp for schedule(dynamic, 8)
         for (int64_t i = 0; i < rows; i++) {
             int64_t src = order ? order[i] : i;
             decode_row(f, w + src * row_bytes, scales ? scales + src * scale_stride : 0, cols, &o);
+#if defined(__AVX2__)
+            if (kq) { rows_k(&o, nb, z, mins, q, dx, s16, n, cols, y + i, y_stride, P, L); continue; }
+#endif
             for (int64_t r = 0; r < n; r++) {
                 const int8_t *qr = q + r * cols;
                 y[r * y_stride + i] = kq ? row_k(&o, nb, z, mins, qr, dx + r * nb, s16 + r * (cols / 16))
                                          : row_b32(&o, nb, z, sgn, mins, qr, dx + r * nb, s32 + r * (cols / 32));
             }
         }
-        free(o.u); free(o.dw); free(o.mw); free(o.sc); free(o.mn); free(o.scv);
+        free(o.u); free(o.dw); free(o.mw); free(o.sc); free(o.mn); free(o.scv); free(o.m16);
+#if defined(__AVX2__)
+        free(P); free(L);
+#endif
     }
 }
