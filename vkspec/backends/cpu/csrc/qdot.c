@@ -163,7 +163,14 @@ static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uin
  * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
  * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
 static void lane_scales(const int8_t *sc, int32_t *scv) {
-#if defined(__AVX2__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)),
+                                       _mm512_set1_epi32(0xFFFF));
+    for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
+        _mm512_storeu_si512(scv + 16 * k, _mm512_permutexvar_epi32(
+            _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
+                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g));
+#elif defined(__AVX2__)
     __m128i g = _mm_loadu_si128((const __m128i *)sc);
     for (int c = 0; c < 8; c++) {       /* 32 columns: groups 2c (lanes 0-3) and 2c + 1 (lanes 4-7) */
         __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
@@ -480,6 +487,10 @@ void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales,
     const int mins = f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
     const int64_t nb = cols / fb;
     if (threads <= 0) threads = 1;
+    /* long runs of rows per thread: the hardware prefetchers follow one stream a thread (8-row
+     * chunks handed out in turn read at half the bandwidth); a few chunks a thread still balance */
+    int64_t chunk = rows / (4 * threads);
+    chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
     #pragma omp parallel num_threads(threads) if (rows >= 64)
     {
         Row o;
@@ -494,7 +505,7 @@ void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales,
         I8 *P = aligned_alloc(64, sizeof(I8) * (size_t)(8 * n + 8));
         float *L = malloc(sizeof(float) * (size_t)(8 * n + 8));
 #endif
-        #pragma omp for schedule(dynamic, 8)
+        #pragma omp for schedule(dynamic, chunk)
         for (int64_t i = 0; i < rows; i++) {
             int64_t src = order ? order[i] : i;
             decode_row(f, w + src * row_bytes, scales ? scales + src * scale_stride : 0, cols, &o);
