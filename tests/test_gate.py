@@ -327,3 +327,27 @@ def test_a_forward_that_records_a_shape_is_not_a_measurement(echo):
     decoding = m.calls[1:]                              # after the prompt's one forward
     assert r.tokens == [2, 3, 0, 1] * 6 and len(decoding) == r.forwards and any(decoding)
     assert len(shown) == decoding.count(False)          # the recording forwards skipped
+
+
+class FirstSlow(Echo):
+    """Echo whose shapes are all recorded ahead (no recording counts), but the
+    first dispatch of each row count takes 25 steps: Lavapipe's first 2-row
+    forward after a fresh start, which taught the gate T(2)/T(1) = 25."""
+
+    def forward(self, rows, st, logits_rows="all", copies=0):
+        first = len(rows) not in self.seen
+        out = super().forward(rows, st, logits_rows, copies)
+        self.recordings = 0
+        self.now += 0.25 * first
+        return out
+
+
+def test_a_first_dispatch_is_not_a_measurement(monkeypatch):
+    m = FirstSlow()
+    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
+    g = Gate(7)
+    r = generate_spec(m, [0, 1, 2, 3, 0, 1], 24, Sampler(), [PromptLookup(5)], g)
+    assert r.tokens == [2, 3, 0, 1] * 6
+    assert g.t[1] == pytest.approx(0.010)                 # not 0.26: the first 1-row dispatch
+    assert max(s for samples in g.samples.values() for s in samples) < 0.1
+    assert r.counters.drafted > 0 and r.forwards < 12
