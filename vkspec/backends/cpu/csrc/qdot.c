@@ -349,18 +349,12 @@ static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
     return fold8(l);
 }
 
+
 #if defined(__AVX2__)
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))     /* AVX-512 holds them in registers: sb_dot_held */
 /* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock */
 static inline I8 sb_dot(const uint8_t *u, const int8_t *q, const int32_t *scv) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    __m512i acc[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};    /* two chains: half the latency */
-    for (int c = 0; c < 4; c++)
-        acc[c & 1] = _mm512_dpwssd_epi32(acc[c & 1], _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                         _mm512_loadu_si512(u + 64 * c), _mm512_loadu_si512(q + 64 * c)),
-                                         _mm512_loadu_si512(scv + 16 * c));
-    __m512i a = _mm512_add_epi32(acc[0], acc[1]);
-    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
-#elif defined(__AVXVNNI__)
+#if defined(__AVXVNNI__)
     __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int c = 0; c < 8; c++)
         acc[c & 1] = _mm256_dpwssd_avx_epi32(acc[c & 1], dot32_u(u + 32 * c, q + 32 * c),
@@ -376,6 +370,8 @@ static inline I8 sb_dot(const uint8_t *u, const int8_t *q, const int32_t *scv) {
     return _mm256_add_epi32(acc[0], acc[1]);
 #endif
 }
+
+#endif
 
 /* int32 lanes whose sum is sum_g a_g * b_g over 16 groups, both int16 */
 static inline I8 dot16(const int16_t *a, const int16_t *b) {
@@ -403,6 +399,7 @@ static inline void sb_sums(const Row *w, int64_t b, int z, int mins, const int8_
     *s2 = mins ? m : 0;
 }
 
+#if !defined(__AVX2__)
 /* one activation row against a decoded K-quant row, superblock by superblock (plain C) */
 static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -415,6 +412,7 @@ static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
     }
     return fold8(l);
 }
+#endif
 
 #if defined(__AVX2__)
 /* one superblock against one activation row, its weights and lane scales already in registers */
@@ -476,6 +474,7 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
 }
 #endif
 
+
 /* y[r * y_stride + i] = row i of the weight (logical; stored row order[i] when order is given)
  * against activation row r, for r < n. scales: float32 (rows, scale_stride) for int8 / int4-g64. */
 void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales, int64_t scale_stride,
@@ -510,13 +509,18 @@ void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales,
             int64_t src = order ? order[i] : i;
             decode_row(f, w + src * row_bytes, scales ? scales + src * scale_stride : 0, cols, &o);
 #if defined(__AVX2__)
-            if (kq) { rows_k(&o, nb, z, mins, q, dx, s16, n, cols, y + i, y_stride, P, L); continue; }
-#endif
+            if (kq) rows_k(&o, nb, z, mins, q, dx, s16, n, cols, y + i, y_stride, P, L);
+            else
+                for (int64_t r = 0; r < n; r++)     /* rows inner measured slower here: the row's 32-byte
+                                                       blocks are cheap to load again, its scratch is not */
+                    y[r * y_stride + i] = row_b32(&o, nb, z, sgn, mins, q + r * cols, dx + r * nb, s32 + r * (cols / 32));
+#else
             for (int64_t r = 0; r < n; r++) {
                 const int8_t *qr = q + r * cols;
                 y[r * y_stride + i] = kq ? row_k(&o, nb, z, mins, qr, dx + r * nb, s16 + r * (cols / 16))
                                          : row_b32(&o, nb, z, sgn, mins, qr, dx + r * nb, s32 + r * (cols / 32));
             }
+#endif
         }
         free(o.u); free(o.dw); free(o.mw); free(o.sc); free(o.mn); free(o.scv); free(o.m16);
 #if defined(__AVX2__)
