@@ -42,27 +42,32 @@ def gemv(w: QWeight, x: np.ndarray, rows_per_chunk: int = 512) -> np.ndarray:
     return out.reshape(lead + (w.rows,))
 
 
-def gemv_q8(w: QWeight, x: np.ndarray, quantised: dict | None = None, rows_per_chunk: int = 256) -> np.ndarray:
+def gemv_q8(w: QWeight, x: np.ndarray) -> np.ndarray:
     """gemv's q8 variant: each row of x quantised per block to int8
     (exact.quantize_q8), integer dots with the weight's integer form and
     the float part in exact.q8_dot's order. Compiled: backends/cpu/qdot.py
-    (the same bits). ``quantised`` keeps one quantisation per block size
-    for the matrices one input feeds."""
+    (the same bits)."""
+    return gemvs_q8([w], x)[0]
+
+
+def gemvs_q8(ws, x: np.ndarray) -> list[np.ndarray]:
+    """[gemv_q8(w, x) for w in ws], x quantised once per block size."""
     x = np.asarray(x, dtype=f32)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    fb = block_size(w.fmt)
-    quantised = {} if quantised is None else quantised
-    if fb not in quantised:
-        quantised[fb] = qdot.quantize(x2, fb) if jit.enabled() else exact.quantize_q8(x2, fb)
-    a = quantised[fb]
     if jit.enabled():
-        return qdot.gemv(w, a).reshape(lead + (w.rows,))
-    out = np.empty((x2.shape[0], w.rows), dtype=f32)
-    for r0 in range(0, w.rows, rows_per_chunk):
-        r1 = min(w.rows, r0 + rows_per_chunk)
-        out[:, r0:r1] = exact.q8_dot(int_form(w, r0, r1), *a)
-    return out.reshape(lead + (w.rows,))
+        return [y.reshape(lead + (y.shape[-1],)) for y in qdot.gemvs(ws, x2)]
+    quantised, outs = {}, []
+    for w in ws:
+        fb = block_size(w.fmt)
+        if fb not in quantised:
+            quantised[fb] = exact.quantize_q8(x2, fb)
+        out = np.empty((x2.shape[0], w.rows), dtype=f32)
+        for r0 in range(0, w.rows, 256):
+            r1 = min(w.rows, r0 + 256)
+            out[:, r0:r1] = exact.q8_dot(int_form(w, r0, r1), *quantised[fb])
+        outs.append(out.reshape(lead + (w.rows,)))
+    return outs
 
 
 def gemvs(ws, x: np.ndarray, norm=None) -> list[np.ndarray]:
@@ -72,8 +77,9 @@ def gemvs(ws, x: np.ndarray, norm=None) -> list[np.ndarray]:
     activations the input is normed once and quantised once per block size."""
     if any(w.acts == "q8" for w in ws):
         h = x if norm is None else rmsnorm(x, *norm)
-        quantised: dict = {}
-        return [gemv_q8(w, h, quantised) if w.acts == "q8" else gemv(w, h) for w in ws]
+        if all(w.acts == "q8" for w in ws):
+            return gemvs_q8(ws, h)
+        return [gemv(w, h) for w in ws]
     if not jit.enabled() or any(w.fmt == "f32" for w in ws):
         h = x if norm is None else rmsnorm(x, *norm)
         return [gemv(w, h) for w in ws]

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from ...cachedir import cache_root
-from ...formats.intform import K_TYPES, block_size
 from ...formats.matrix import QWeight
 from .csrc import build
 from .isa import _cpuinfo
@@ -57,8 +56,8 @@ def _lib(v: str):
     lib = ctypes.CDLL(str(path))
     lib.vk_q8_quantize.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P]
     lib.vk_q8_quantize.restype = None
-    lib.vk_q8_gemv.argtypes = [ctypes.c_int, _P, _I, _P, _I, _P, _I, _I, _P, _P, _P, _P, _I, _P, _I, ctypes.c_int]
-    lib.vk_q8_gemv.restype = None
+    lib.vk_q8_gemvs.argtypes = [_P, ctypes.c_int, _P, _I, ctypes.c_int]
+    lib.vk_q8_gemvs.restype = ctypes.c_int
     return lib
 
 
@@ -73,47 +72,95 @@ THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity"
 class Q8Rows:
     """Activation rows quantised for one block size: q int8 (n, C), d
     float32 (n, C // fb), sums of 16 columns (int16: |sum| <= 2032) and of
-    32 columns (int32)."""
+    32 columns (int32), views of one buffer; ``ptrs``: their addresses."""
     fb: int
     q: np.ndarray
     d: np.ndarray
     s16: np.ndarray
     s32: np.ndarray
+    ptrs: tuple = ()
 
     @property
     def n(self) -> int:
         return self.q.shape[0]
 
 
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data          # ~1 us a call: taken once a buffer, never per argument
+
+
 def quantize(x: np.ndarray, fb: int) -> Q8Rows:
     x = np.ascontiguousarray(x, dtype=np.float32)
     n, c = x.shape
-    q = np.empty((n, c), np.int8)
-    d = np.empty((n, c // fb), np.float32)
-    s16 = np.empty((n, c // 16), np.int16)
-    s32 = np.empty((n, c // 32), np.int32)
-    lib().vk_q8_quantize(x.ctypes.data, n, c, fb, q.ctypes.data, d.ctypes.data, s16.ctypes.data, s32.ctypes.data)
-    return Q8Rows(fb, q, d, s16, s32)
+    sizes = (n * c, 4 * n * (c // fb), 2 * n * (c // 16), 4 * n * (c // 32))
+    at = [0]
+    for b in sizes:                                   # each part 64-byte aligned
+        at.append(at[-1] + -(-b // 64) * 64)
+    buf = np.empty(at[-1] + 64, np.uint8)
+    base = _addr(buf)
+    skew = -base % 64
+    q, d, s16, s32 = (buf[skew + at[k]: skew + at[k] + sizes[k]] for k in range(4))
+    a = Q8Rows(fb, q.view(np.int8).reshape(n, c), d.view(np.float32).reshape(n, c // fb),
+               s16.view(np.int16).reshape(n, c // 16), s32.view(np.int32).reshape(n, c // 32),
+               tuple(base + skew + at[k] for k in range(4)))
+    lib().vk_q8_quantize(_addr(x), n, c, fb, *a.ptrs)
+    return a
 
 
-def gemv(w: QWeight, a: Q8Rows, out: np.ndarray | None = None) -> np.ndarray:
-    """(n, w.rows) float32: every activation row of ``a`` against every
-    logical row of w (``out`` may be a row-contiguous view, (n, >= rows))."""
-    assert a.fb == block_size(w.fmt) and a.q.shape[1] == w.cols, (w.fmt, a.fb, a.q.shape, w.cols)
-    n = a.n
-    if out is None:
-        out = np.empty((n, w.rows), np.float32)
-    assert out.dtype == np.float32 and (out.strides[1] == 4 or n == 0)
-    scales = w.scales if w.fmt in ("int8", "int4-g64") else None
-    order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
-    assert w.data.strides[1] == 1
-    lib().vk_q8_gemv(FORMAT_IDS[w.fmt], w.data.ctypes.data, w.data.strides[0],
-                     None if scales is None else scales.ctypes.data,
-                     0 if scales is None else scales.strides[0] // 4,
-                     None if order is None else order.ctypes.data, w.rows, w.cols,
-                     a.q.ctypes.data, a.d.ctypes.data, a.s16.ctypes.data, a.s32.ctypes.data, n,
-                     out.ctypes.data, out.strides[0] // 4, THREADS)
-    return out
+class Mat(ctypes.Structure):
+    """qdot.c's Mat: one matrix of a vk_q8_gemvs call."""
+    _fields_ = [("fmt", ctypes.c_int32), ("pad", ctypes.c_int32), ("w", _P), ("row_bytes", _I), ("scales", _P),
+                ("scale_stride", _I), ("order", _P), ("rows", _I), ("cols", _I), ("y", _P), ("y_stride", _I)]
 
 
-__all__ = ["K_TYPES", "Q8Rows", "quantize", "gemv", "variant", "lib"]
+class _Call:
+    """The Mat array of a tuple of weights, made once (with the arrays its
+    pointers point into); a call fills in only the outputs."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.keep = []
+        self.mats = (Mat * len(ws))()
+        for m, w in zip(self.mats, ws):
+            assert w.data.strides[1] == 1 and w.cols == ws[0].cols
+            scales = np.ascontiguousarray(w.scales, np.float32) if w.fmt in ("int8", "int4-g64") else None
+            order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
+            self.keep += [scales, order]
+            m.fmt, m.w, m.row_bytes, m.rows, m.cols = FORMAT_IDS[w.fmt], _addr(w.data), w.data.strides[0], w.rows, w.cols
+            m.scales = None if scales is None else _addr(scales)
+            m.scale_stride = 0 if scales is None else scales.shape[1]
+            m.order = None if order is None else _addr(order)
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n = x.shape[0]
+        outs = []
+        for m, w in zip(self.mats, self.ws):
+            y = np.empty((n, w.rows), np.float32)
+            m.y, m.y_stride = _addr(y), w.rows
+            outs.append(y)
+        if lib().vk_q8_gemvs(self.mats, len(self.ws), _addr(x), n, THREADS):
+            raise MemoryError("q8 GEMV: out of memory for its buffers")
+        return outs
+
+
+_CALLS: dict[tuple, _Call] = {}
+
+
+def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
+    """[(n, w.rows) float32 for w in ws]: every row of x (n, cols), quantised
+    per block inside the call, against every logical row of each weight."""
+    key = tuple(id(w) for w in ws)
+    call = _CALLS.get(key)
+    if call is None or any(a is not b for a, b in zip(call.ws, ws)):
+        if len(_CALLS) >= 1024:                         # passing weights (a draft vocabulary's rows)
+            _CALLS.clear()
+        call = _CALLS[key] = _Call(tuple(ws))           # holds the weights: an id is not reused meanwhile
+    return call(x)
+
+
+def gemv(w: QWeight, x: np.ndarray) -> np.ndarray:
+    return gemvs((w,), x)[0]
+
+
+__all__ = ["Q8Rows", "quantize", "gemvs", "gemv", "variant", "lib"]

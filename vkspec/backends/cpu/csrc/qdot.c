@@ -19,6 +19,9 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 enum { F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0, F_INT8, F_INT4G64, F_Q2_K, F_Q3_K, F_Q4_K, F_Q5_K, F_Q6_K };
 
@@ -475,56 +478,103 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
 #endif
 
 
-/* y[r * y_stride + i] = row i of the weight (logical; stored row order[i] when order is given)
- * against activation row r, for r < n. scales: float32 (rows, scale_stride) for int8 / int4-g64. */
-void vk_q8_gemv(int f, const uint8_t *w, int64_t row_bytes, const float *scales, int64_t scale_stride,
-                const int64_t *order, int64_t rows, int64_t cols,
-                const int8_t *q, const float *dx, const int16_t *s16, const int32_t *s32, int64_t n,
-                float *y, int64_t y_stride, int threads) {
-    const int kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
+/* One matrix of a vk_q8_gemvs call; mirrored by qdot.py's Mat. */
+typedef struct {
+    int32_t fmt, pad;
+    const uint8_t *w;          /* rows of row_bytes, stored order */
+    int64_t row_bytes;
+    const float *scales;       /* int8 / int4-g64: (stored rows, scale_stride) */
+    int64_t scale_stride;
+    const int64_t *order;      /* logical row i is stored row order[i] (NULL: the same) */
+    int64_t rows, cols;
+    float *y;                  /* y[r * y_stride + i]: activation row r, logical row i */
+    int64_t y_stride;
+} Mat;
+
+typedef struct { int8_t *q; float *d; int16_t *s16; int32_t *s32; } Acts;
+
+static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
+    const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
     const int mins = f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
-    const int64_t nb = cols / fb;
-    if (threads <= 0) threads = 1;
-    /* long runs of rows per thread: the hardware prefetchers follow one stream a thread (8-row
-     * chunks handed out in turn read at half the bandwidth); a few chunks a thread still balance */
-    int64_t chunk = rows / (4 * threads);
-    chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
-    #pragma omp parallel num_threads(threads) if (rows >= 64)
-    {
-        Row o;
-        o.u = aligned_alloc(64, (size_t)((cols + 63) / 64 * 64));
-        o.dw = malloc(sizeof(float) * (size_t)nb);
-        o.mw = malloc(sizeof(float) * (size_t)nb);
-        o.sc = malloc((size_t)(cols / 16 + 16));
-        o.mn = malloc((size_t)(cols / 16 + 16));
-        o.scv = aligned_alloc(64, sizeof(int32_t) * (size_t)(cols / 4 + 16));
-        o.m16 = malloc(sizeof(int16_t) * (size_t)(cols / 16 + 16));
+    const int64_t cols = m->cols, nb = cols / fb, src = m->order ? m->order[i] : i;
+    decode_row(f, m->w + src * m->row_bytes, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
 #if defined(__AVX2__)
-        I8 *P = aligned_alloc(64, sizeof(I8) * (size_t)(8 * n + 8));
-        float *L = malloc(sizeof(float) * (size_t)(8 * n + 8));
-#endif
-        #pragma omp for schedule(dynamic, chunk)
-        for (int64_t i = 0; i < rows; i++) {
-            int64_t src = order ? order[i] : i;
-            decode_row(f, w + src * row_bytes, scales ? scales + src * scale_stride : 0, cols, &o);
-#if defined(__AVX2__)
-            if (kq) rows_k(&o, nb, z, mins, q, dx, s16, n, cols, y + i, y_stride, P, L);
-            else
-                for (int64_t r = 0; r < n; r++)     /* rows inner measured slower here: the row's 32-byte
-                                                       blocks are cheap to load again, its scratch is not */
-                    y[r * y_stride + i] = row_b32(&o, nb, z, sgn, mins, q + r * cols, dx + r * nb, s32 + r * (cols / 32));
-#else
-            for (int64_t r = 0; r < n; r++) {
-                const int8_t *qr = q + r * cols;
-                y[r * y_stride + i] = kq ? row_k(&o, nb, z, mins, qr, dx + r * nb, s16 + r * (cols / 16))
-                                         : row_b32(&o, nb, z, sgn, mins, qr, dx + r * nb, s32 + r * (cols / 32));
-            }
-#endif
-        }
-        free(o.u); free(o.dw); free(o.mw); free(o.sc); free(o.mn); free(o.scv); free(o.m16);
-#if defined(__AVX2__)
-        free(P); free(L);
-#endif
+    if (kq) {
+        rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);
+        return;
     }
+    for (int64_t r = 0; r < n; r++)    /* rows inner measured slower here: the row's 32-byte blocks
+                                          are cheap to load again, the scratch is not */
+        m->y[r * m->y_stride + i] = row_b32(o, nb, z, sgn, mins, a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32));
+#else
+    (void)P; (void)L;
+    for (int64_t r = 0; r < n; r++)
+        m->y[r * m->y_stride + i] = kq ? row_k(o, nb, z, mins, a->q + r * cols, a->d + r * nb, a->s16 + r * (cols / 16))
+                                       : row_b32(o, nb, z, sgn, mins, a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32));
+#endif
+}
+
+/* The matrices one input x (n rows of cols float32) feeds, in one call: x quantised once per
+ * block size they need (vk_q8_quantize), then every matrix's rows shared out among the threads
+ * with no barrier between matrices. Returns 0, or -1 when memory runs out (nothing written). */
+int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threads) {
+    if (count <= 0 || n <= 0) return 0;
+    const int64_t cols = mats[0].cols;
+    int need[2] = {0, 0};
+    int64_t total = 0;
+    for (int k = 0; k < count; k++) { need[mats[k].fmt >= F_Q2_K] = 1; total += mats[k].rows; }
+    Acts acts[2] = {{0}, {0}};
+    int failed = 0;
+    for (int kq = 0; kq < 2; kq++) {
+        if (!need[kq]) continue;
+        const int64_t fb = kq ? 256 : 32;
+        acts[kq].q = malloc((size_t)(n * cols));
+        acts[kq].d = malloc(sizeof(float) * (size_t)(n * (cols / fb)));
+        acts[kq].s16 = malloc(sizeof(int16_t) * (size_t)(n * (cols / 16) + 16));
+        acts[kq].s32 = malloc(sizeof(int32_t) * (size_t)(n * (cols / 32) + 8));
+        if (!acts[kq].q || !acts[kq].d || !acts[kq].s16 || !acts[kq].s32) { failed = 1; continue; }
+        vk_q8_quantize(x, n, cols, fb, acts[kq].q, acts[kq].d, acts[kq].s16, acts[kq].s32);
+    }
+    if (threads <= 0) threads = 1;
+    if (total < 64) threads = 1;
+    /* every thread's scratch in one block, carved by thread number: no allocation, no barrier
+     * inside the parallel region */
+    const size_t a64 = 64, su = (size_t)(cols + 63) / 64 * 64, sf = (sizeof(float) * (size_t)(cols / 32 + 1) + 63) / 64 * 64,
+                 s8 = ((size_t)(cols / 16 + 16) + 63) / 64 * 64, sv = (sizeof(int32_t) * (size_t)(cols / 4 + 16) + 63) / 64 * 64,
+                 s6 = (sizeof(int16_t) * (size_t)(cols / 16 + 16) + 63) / 64 * 64, sp = 32 * (size_t)(8 * n + 8),
+                 sl = (sizeof(float) * (size_t)(8 * n + 8) + 63) / 64 * 64;
+    const size_t per = su + 2 * sf + 2 * s8 + sv + s6 + sp + sl;
+    char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
+    if (!scratch) failed = 1;
+    #pragma omp parallel num_threads(threads) if (!failed && threads > 1)
+    {
+#if defined(_OPENMP)
+        char *p = scratch + per * (size_t)omp_get_thread_num();
+#else
+        char *p = scratch;
+#endif
+        Row o;
+        o.u = (uint8_t *)p; p += su;
+        o.dw = (float *)p; p += sf;
+        o.mw = (float *)p; p += sf;
+        o.sc = (int8_t *)p; p += s8;
+        o.mn = (int8_t *)p; p += s8;
+        o.scv = (int32_t *)p; p += sv;
+        o.m16 = (int16_t *)p; p += s6;
+        void *P = p; p += sp;
+        float *L = (float *)p;
+        for (int k = 0; k < count && !failed; k++) {
+            const Mat *m = &mats[k];
+            /* long runs of rows a thread: the hardware prefetchers follow one stream a thread
+             * (8-row chunks handed out in turn read at half the bandwidth) */
+            int64_t chunk = m->rows / (4 * threads);
+            chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
+            #pragma omp for schedule(dynamic, chunk) nowait
+            for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &acts[m->fmt >= F_Q2_K], n, &o, P, L);
+        }
+    }
+    free(scratch);
+    for (int kq = 0; kq < 2; kq++) { free(acts[kq].q); free(acts[kq].d); free(acts[kq].s16); free(acts[kq].s32); }
+    return failed ? -1 : 0;
 }
