@@ -118,11 +118,20 @@ static int zero_point(int f) {
 static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
     uint32_t w0, w1, w2;
     memcpy(&w0, s, 4); memcpy(&w1, s + 4, 4); memcpy(&w2, s + 8, 4);
-    uint32_t v[4] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4),
-                     w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4)};
+    uint32_t lo = w0 & 0x3F3F3F3Fu, hi = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    uint32_t mlo = w1 & 0x3F3F3F3Fu, mhi = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+#if defined(__AVX2__)
+    /* each 16 bytes stored at once: the lane scales load them back as one (16 byte stores
+     * followed by a 16-byte load stall until they retire: measured 44% of a Q4_K GEMV) */
+    __m128i v = _mm_setr_epi32((int)lo, (int)hi, (int)mlo, (int)mhi);
+    _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(v, v));
+    _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(v, v));
+#else
+    uint32_t v[4] = {lo, hi, mlo, mhi};
     uint8_t b[16];
     memcpy(b, v, 16);                 /* scales 0-7, then mins 0-7 */
     for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[g / 2]; mn[g] = (int8_t)b[8 + g / 2]; }
+#endif
 }
 
 /* 16 bytes of nibbles -> 32 values (low nibbles first), with bit j of qh as value j's 5th bit */
@@ -226,14 +235,22 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
         int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
+#if defined(__AVX2__)
+            __m128i s = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+            _mm_storeu_si128((__m128i *)sc, _mm_and_si128(s, m));
+            _mm_storeu_si128((__m128i *)mn, _mm_and_si128(_mm_srli_epi16(s, 4), m));
+#else
             for (int g = 0; g < 16; g++) { sc[g] = (int8_t)(p[g] & 15); mn[g] = (int8_t)(p[g] >> 4); }
+#endif
             for (int half = 0; half < 2; half++)
                 for (int ps = 0; ps < 4; ps++) put32(u + 128 * half + 32 * ps, p + 16 + 32 * half, 2 * ps, 3, 0, 0, 0, 0);
         } else if (f == F_Q3_K) {
             o->dw[b] = f16(p + 108);
             const uint8_t *lo = p + 96, *hi = p + 104;
-            for (int g = 0; g < 8; g++) { sc[g] = (int8_t)(lo[g] & 15); sc[g + 8] = (int8_t)(lo[g] >> 4); }
-            for (int g = 0; g < 16; g++) sc[g] = (int8_t)((sc[g] | (((hi[g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32);
+            int8_t t[16];
+            for (int g = 0; g < 8; g++) { t[g] = (int8_t)(lo[g] & 15); t[g + 8] = (int8_t)(lo[g] >> 4); }
+            for (int g = 0; g < 16; g++) t[g] = (int8_t)((t[g] | (((hi[g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32);
+            memcpy(sc, t, 16);
             for (int half = 0; half < 2; half++)
                 for (int ps = 0; ps < 4; ps++)
                     put32(u + 128 * half + 32 * ps, p + 32 + 32 * half, 2 * ps, 3, p, 4 * half + ps, 1, 2);
@@ -247,7 +264,7 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
             }
         } else {                                                    /* Q6_K */
             o->dw[b] = f16(p + 208);
-            for (int g = 0; g < 16; g++) sc[g] = (int8_t)p[192 + g];
+            memcpy(sc, p + 192, 16);
             for (int half = 0; half < 2; half++)
                 for (int k = 0; k < 4; k++)
                     put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
@@ -544,7 +561,9 @@ int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threa
                  s8 = ((size_t)(cols / 16 + 16) + 63) / 64 * 64, sv = (sizeof(int32_t) * (size_t)(cols / 4 + 16) + 63) / 64 * 64,
                  s6 = (sizeof(int16_t) * (size_t)(cols / 16 + 16) + 63) / 64 * 64, sp = 32 * (size_t)(8 * n + 8),
                  sl = (sizeof(float) * (size_t)(8 * n + 8) + 63) / 64 * 64;
-    const size_t per = su + 2 * sf + 2 * s8 + sv + s6 + sp + sl;
+    /* whole pages a thread, a page apart: neighbouring threads' scratch on shared or adjacent lines
+     * cost a third of the 2-thread rate (the adjacent-line prefetcher pairs lines across them) */
+    const size_t per = (su + 2 * sf + 2 * s8 + sv + s6 + sp + sl + 4095) / 4096 * 4096 + 4096;
     char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
     if (!scratch) failed = 1;
     #pragma omp parallel num_threads(threads) if (!failed && threads > 1)
