@@ -20,7 +20,7 @@ import numpy as np
 from vkspec.backends.cpu import jit, jit_attend, jit_blocks, jit_math, qdot
 from vkspec.loader import load_model
 
-KERNELS = ((qdot, "gemv", "q8 GEMVs"), (qdot, "quantize", "q8 quantise"), (jit_blocks, "_gemv", "block GEMVs"), (jit, "_gemv", "f32 GEMVs"), (jit_attend, "_attend", "attention"),
+KERNELS = ((qdot, "gemvs", "q8 GEMVs"), (jit_blocks, "_gemv", "block GEMVs"), (jit, "_gemv", "f32 GEMVs"), (jit_attend, "_attend", "attention"),
            (jit_math, "_rms_rows", "norms"), (jit_math, "_rope_rows", "RoPE"),
            (jit_math, "_elementwise_kernel", "activations"), (jit_math, "_softmax_rows", "softmax"))
 

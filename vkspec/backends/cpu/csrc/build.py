@@ -21,6 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "qdot.c"
+HEADERS = (HERE / "qdot_decode.h",)
 BASE = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 X86 = platform.machine() in ("x86_64", "AMD64", "i686")
 VARIANTS: dict[str, list[str]] = {
@@ -40,7 +41,8 @@ def compiler() -> str | None:
 
 
 def lib_name(variant: str) -> str:
-    h = hashlib.sha256(SOURCE.read_bytes() + " ".join(BASE + VARIANTS[variant]).encode()).hexdigest()[:12]
+    text = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
+    h = hashlib.sha256(text + " ".join(BASE + VARIANTS[variant]).encode()).hexdigest()[:12]
     return f"qdot_{variant}_{h}.so"
 
 

@@ -25,22 +25,9 @@
 
 enum { F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0, F_INT8, F_INT4G64, F_Q2_K, F_Q3_K, F_Q4_K, F_Q5_K, F_Q6_K };
 
-static const int BLOCK_BYTES[] = {18, 20, 22, 24, 34, 32, 16, 84, 110, 144, 176, 210};
+#include "qdot_decode.h"
 
-static inline float from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-static inline uint32_t to_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
-
-/* formats/ggml.py f16_bits_to_f32: exact widening, subnormals by one product */
-static float f16(const uint8_t *p) {
-    uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8);
-#if defined(__F16C__)
-    return _cvtsh_ss((unsigned short)h);    /* the same value; a signalling NaN comes back quiet (payloads aside) */
-#endif
-    uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-    if (e == 0) return from_bits(to_bits((float)man * 5.9604644775390625e-08f) | sign);
-    if (e == 31) return from_bits(sign | 0x7F800000u | (man << 13));
-    return from_bits(sign | ((e + 112u) << 23) | (man << 13));
-}
+/* ---- activations: exact.quantize_q8 and q8_sums ------------------------------------ */
 
 /* exact._recip for a positive normal finite a (all quantize_q8 passes it) */
 static float recip(float a) {
@@ -53,7 +40,6 @@ static float recip(float a) {
     return (y * from_bits((uint32_t)(s1 + 127) << 23)) * from_bits((uint32_t)(s2 + 127) << 23);
 }
 
-/* ---- activations: exact.quantize_q8 and q8_sums ------------------------------------ */
 
 void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
                     int8_t *q, float *d, int16_t *s16, int32_t *s32) {
@@ -88,196 +74,6 @@ void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
         }
         for (int64_t g = 0; g < cols / 32; g++)
             s32[r * (cols / 32) + g] = s16[r * (cols / 16) + 2 * g] + s16[r * (cols / 16) + 2 * g + 1];
-    }
-}
-
-/* ---- one weight row decoded --------------------------------------------------------- */
-
-typedef struct {
-    uint8_t *u;         /* cols bytes: unsigned value + zero point, or signed (Q8_0, int8) */
-    float *dw, *mw;     /* per float block: d (or dmin's partner) and m / dmin */
-    int8_t *sc, *mn;    /* K-quants: scale and min per 16 columns (signed scales fit: Q6_K's are int8) */
-    int32_t *scv;       /* K-quants: the scale of each int32 lane of the dot products (lane_scales) */
-    int16_t *m16;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
-                           Q5_K) or z x scale (Q3_K, Q6_K; |4096| at most) */
-} Row;
-
-static int zero_point(int f) {
-    switch (f) {
-    case F_Q4_0: case F_INT4G64: return 8;
-    case F_Q5_0: return 16;
-    case F_Q6_K: return 32;
-    case F_Q3_K: return 4;
-    default: return 0;
-    }
-}
-
-/* Q4_K/Q5_K's eight 6-bit (scale, min) pairs in 12 bytes (formats/ggml.py _k4_scales_mins),
- * four at a time as the bytes of a little-endian word, each widened to the two 16-column
- * groups it covers */
-static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
-    uint32_t w0, w1, w2;
-    memcpy(&w0, s, 4); memcpy(&w1, s + 4, 4); memcpy(&w2, s + 8, 4);
-    uint32_t lo = w0 & 0x3F3F3F3Fu, hi = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    uint32_t mlo = w1 & 0x3F3F3F3Fu, mhi = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
-#if defined(__AVX2__)
-    /* each 16 bytes stored at once: the lane scales load them back as one (16 byte stores
-     * followed by a 16-byte load stall until they retire: measured 44% of a Q4_K GEMV) */
-    __m128i v = _mm_setr_epi32((int)lo, (int)hi, (int)mlo, (int)mhi);
-    _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(v, v));
-    _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(v, v));
-#else
-    uint32_t v[4] = {lo, hi, mlo, mhi};
-    uint8_t b[16];
-    memcpy(b, v, 16);                 /* scales 0-7, then mins 0-7 */
-    for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[g / 2]; mn[g] = (int8_t)b[8 + g / 2]; }
-#endif
-}
-
-/* 16 bytes of nibbles -> 32 values (low nibbles first), with bit j of qh as value j's 5th bit */
-static inline void nibbles32(const uint8_t *qs, uint32_t qh, uint8_t *u) {
-#if defined(__AVX2__)
-    const __m128i m = _mm_set1_epi8(15);
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m), _mm_and_si128(b, m));
-    if (qh) {   /* byte j of the broadcast word's byte j / 8, tested against bit j % 8 */
-        const __m256i sel = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-        __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
-        h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
-        v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(16)));
-    }
-    _mm256_storeu_si256((__m256i *)u, v);
-#else
-    for (int j = 0; j < 16; j++) { u[j] = qs[j] & 15; u[j + 16] = qs[j] >> 4; }
-    for (int j = 0; j < 32; j++) u[j] |= ((qh >> j) & 1u) << 4;
-#endif
-}
-
-/* u[l] = ((a[l] >> sa) & ma) | (((b[l] >> sb) & mb) << lb) for l < 32 (no b: the first term) */
-static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uint8_t *b, int sb, int mb, int lb) {
-#if defined(__AVX2__)
-    __m256i v = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)a), _mm_cvtsi32_si128(sa)),
-                                 _mm256_set1_epi8((char)ma));
-    if (b) {
-        __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b), _mm_cvtsi32_si128(sb)),
-                                     _mm256_set1_epi8((char)mb));
-        v = _mm256_or_si256(v, _mm256_sll_epi16(h, _mm_cvtsi32_si128(lb)));
-    }
-    _mm256_storeu_si256((__m256i *)u, v);
-#else
-    for (int l = 0; l < 32; l++) u[l] = (uint8_t)(((a[l] >> sa) & ma) | (b ? ((b[l] >> sb) & mb) << lb : 0));
-#endif
-}
-
-/* The scale of every int32 lane of a superblock's dot products (64 lanes of 4 columns: lane j
- * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
- * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
- * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
-static void lane_scales(const int8_t *sc, int32_t *scv) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)),
-                                       _mm512_set1_epi32(0xFFFF));
-    for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
-        _mm512_storeu_si512(scv + 16 * k, _mm512_permutexvar_epi32(
-            _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g));
-#elif defined(__AVX2__)
-    __m128i g = _mm_loadu_si128((const __m128i *)sc);
-    for (int c = 0; c < 8; c++) {       /* 32 columns: groups 2c (lanes 0-3) and 2c + 1 (lanes 4-7) */
-        __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
-                                     2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
-        __m256i v = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(g, pick));
-#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
-        v = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-#else
-        v = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-#endif
-        _mm256_storeu_si256((__m256i *)(scv + 8 * c), v);
-    }
-#else
-    (void)sc; (void)scv;
-#endif
-}
-
-static void decode_row(int f, const uint8_t *src, const float *scales, int64_t cols, Row *o) {
-    const int bb = BLOCK_BYTES[f];
-    if (f == F_INT8) {
-        memcpy(o->u, src, (size_t)cols);
-        for (int64_t b = 0; b < cols / 32; b++) o->dw[b] = scales[0];
-        return;
-    }
-    if (f == F_INT4G64) {
-        for (int64_t i = 0; i < cols / 2; i++) {
-            o->u[2 * i] = src[i] & 15;
-            o->u[2 * i + 1] = src[i] >> 4;
-        }
-        for (int64_t b = 0; b < cols / 32; b++) o->dw[b] = scales[b / 2];
-        return;
-    }
-    if (f <= F_Q8_0) {
-        for (int64_t b = 0; b < cols / 32; b++) {
-            const uint8_t *p = src + b * bb;
-            uint8_t *u = o->u + 32 * b;
-            o->dw[b] = f16(p);
-            if (f == F_Q8_0) { memcpy(u, p + 2, 32); continue; }
-            if (f == F_Q4_1 || f == F_Q5_1) o->mw[b] = f16(p + 2);
-            const uint8_t *qs = p + (f == F_Q4_0 ? 2 : f == F_Q4_1 ? 4 : f == F_Q5_0 ? 6 : 8);
-            uint32_t qh = 0;
-            if (f == F_Q5_0 || f == F_Q5_1) memcpy(&qh, p + (f == F_Q5_0 ? 2 : 4), 4);   /* little-endian */
-            nibbles32(qs, qh, u);
-        }
-        return;
-    }
-    for (int64_t b = 0; b < cols / 256; b++) {
-        const uint8_t *p = src + b * bb;
-        uint8_t *u = o->u + 256 * b;
-        int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
-        if (f == F_Q2_K) {
-            o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
-#if defined(__AVX2__)
-            __m128i s = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
-            _mm_storeu_si128((__m128i *)sc, _mm_and_si128(s, m));
-            _mm_storeu_si128((__m128i *)mn, _mm_and_si128(_mm_srli_epi16(s, 4), m));
-#else
-            for (int g = 0; g < 16; g++) { sc[g] = (int8_t)(p[g] & 15); mn[g] = (int8_t)(p[g] >> 4); }
-#endif
-            for (int half = 0; half < 2; half++)
-                for (int ps = 0; ps < 4; ps++) put32(u + 128 * half + 32 * ps, p + 16 + 32 * half, 2 * ps, 3, 0, 0, 0, 0);
-        } else if (f == F_Q3_K) {
-            o->dw[b] = f16(p + 108);
-            const uint8_t *lo = p + 96, *hi = p + 104;
-            int8_t t[16];
-            for (int g = 0; g < 8; g++) { t[g] = (int8_t)(lo[g] & 15); t[g + 8] = (int8_t)(lo[g] >> 4); }
-            for (int g = 0; g < 16; g++) t[g] = (int8_t)((t[g] | (((hi[g % 4] >> (2 * (g / 4))) & 3) << 4)) - 32);
-            memcpy(sc, t, 16);
-            for (int half = 0; half < 2; half++)
-                for (int ps = 0; ps < 4; ps++)
-                    put32(u + 128 * half + 32 * ps, p + 32 + 32 * half, 2 * ps, 3, p, 4 * half + ps, 1, 2);
-        } else if (f == F_Q4_K || f == F_Q5_K) {
-            o->dw[b] = f16(p); o->mw[b] = f16(p + 2);
-            k4_scales(p + 4, sc, mn);
-            const uint8_t *qs = p + (f == F_Q4_K ? 16 : 48), *qh = f == F_Q5_K ? p + 16 : 0;
-            for (int c = 0; c < 4; c++) {
-                put32(u + 64 * c, qs + 32 * c, 0, 15, qh, 2 * c, 1, 4);
-                put32(u + 64 * c + 32, qs + 32 * c, 4, 15, qh, 2 * c + 1, 1, 4);
-            }
-        } else {                                                    /* Q6_K */
-            o->dw[b] = f16(p + 208);
-            memcpy(sc, p + 192, 16);
-            for (int half = 0; half < 2; half++)
-                for (int k = 0; k < 4; k++)
-                    put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
-                          p + 128 + 32 * half, 2 * k, 3, 4);
-        }
-        lane_scales(sc, o->scv + 64 * b);
-        const int zk = zero_point(f);
-#if defined(__AVX2__)
-        __m256i m = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(zk ? sc : mn)));
-        _mm256_storeu_si256((__m256i *)(o->m16 + 16 * b), zk ? _mm256_mullo_epi16(m, _mm256_set1_epi16((short)zk)) : m);
-#else
-        for (int g = 0; g < 16; g++) o->m16[16 * b + g] = (int16_t)(zk ? zk * sc[g] : mn[g]);
-#endif
     }
 }
 
