@@ -19,7 +19,7 @@ def items(out: str) -> dict:
     for line in out.splitlines():
         verdict, rest = line.split(None, 1)
         assert verdict in VERDICTS, line
-        what = next(w for w in ("float controls", "device probe", "cpu float", "kp wheels", "numba cache",
+        what = next(w for w in ("float controls", "device probe", "cpu float", "cpu q8", "kp wheels", "numba cache",
                                 "vulkan", "gpu", "cpu", "kp", "cache", "counts") if rest.startswith(w))
         assert what not in found, f"{what} twice"
         found[what] = (verdict, rest[len(what):].strip())
@@ -31,7 +31,7 @@ def test_doctor_on_this_machine(vk, tmp_path):
     r = doctor(str(d), env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert r.returncode == 0, r.stdout + r.stderr
     got = items(r.stdout)
-    assert set(got) == {"vulkan", "gpu", "float controls", "device probe", "cpu", "cpu float", "kp",
+    assert set(got) == {"vulkan", "gpu", "float controls", "device probe", "cpu", "cpu q8", "cpu float", "kp",
                         "kp wheels", "cache", "numba cache", "counts"}
     for what in ("vulkan", "device probe", "cpu", "cpu float", "kp"):
         assert got[what][0] == "ok", (what, got[what])
@@ -68,3 +68,7 @@ def test_kernel_choice_names_the_cpu_vector_width():
             assert i.vector_bits == bits
             break
     assert kernel_choice().isa == i and "numba" in kernel_choice().line()
+    from vkspec.backends.cpu import qdot
+    want_q8 = "avx512" if "avx512_vnni" in flags else "avxvnni" if "avx_vnni" in flags else \
+        "avx2" if {"avx2", "fma", "f16c"} <= flags else "plain"
+    assert qdot.variant() == want_q8

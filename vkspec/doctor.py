@@ -80,6 +80,13 @@ def _cpu() -> list[Item]:
     from .backends.cpu import fpenv
     from .backends.cpu.isa import kernel_choice
     out = [Item("ok", "cpu", kernel_choice().line())]
+    try:
+        from .backends.cpu import qdot
+        qdot.lib()
+        out.append(Item("ok", "cpu q8", f"integer block dots: {qdot.variant()} (--activations q8; "
+                                        "VKSPEC_CPU_ISA=avx2 or plain caps it)"))
+    except Exception as e:                  # noqa: BLE001 - a missing compiler, a forced ISA this CPU lacks
+        out.append(Item("warn", "cpu q8", f"no q8 kernel: {e} (--activations f32 still runs)"))
     res = fpenv.check()
     out.append(Item("ok" if res.ok else "warn", "cpu float",
                     res.line() if res.ok else f"{res.line()} (vkspec clears FTZ/DAZ at load where it can)"))

@@ -4,8 +4,8 @@ blocks. The same bits as exact.quantize_q8 / exact.q8_dot on every
 instruction set (tests/test_q8.py).
 
 Which library runs is chosen once, here: AVX-512 VNNI, AVX-VNNI, AVX2 or
-plain C, the best the CPU has; ``VKSPEC_CPU_ISA`` (avx512, avxvnni, avx2,
-plain) forces one.
+plain C, the best the CPU has. ``VKSPEC_CPU_ISA`` (avx512, avx2, plain: the
+numba kernels' names) caps it: avx2 means no VNNI and no AVX-512.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def variant() -> str:
 def _variant(forced: str | None) -> str:
     flags = _cpuinfo()[1]
     have = [v for v in build.VARIANTS if _NEEDS[v] <= flags]
-    if forced:
-        if forced not in build.VARIANTS:
-            raise ValueError(f"VKSPEC_CPU_ISA={forced!r}: one of {', '.join(build.VARIANTS)}")
-        if forced not in have:
-            raise ValueError(f"VKSPEC_CPU_ISA={forced}: this CPU lacks {', '.join(sorted(_NEEDS[forced] - flags))}")
-        return forced
-    return have[0]
+    if not forced:
+        return have[0]
+    # the numba kernels' names (jit_ir): avx512 allows any VNNI, avx2 none, plain no vectors
+    allowed = {"avx512": ("avx512", "avxvnni", "avx2", "plain"), "avx2": ("avx2", "plain"), "plain": ("plain",)}
+    if forced not in allowed:
+        raise ValueError(f"VKSPEC_CPU_ISA={forced!r}: one of {', '.join(allowed)}")
+    return next(v for v in allowed[forced] if v in have)
 
 
 @lru_cache(maxsize=None)
