@@ -61,16 +61,15 @@ def compile_one(variant: str, dest: Path) -> Path:
         tmp.unlink(missing_ok=True)
         raise BuildError(f"{cc} failed on {SOURCE.name} ({variant}): {r.stderr.strip().splitlines()[-1:]}")
     os.replace(tmp, out)
+    for old in dest.glob(f"qdot_{variant}_*.so"):      # an older source's library of this variant
+        if old != out:
+            old.unlink(missing_ok=True)
     return out
 
 
 def compile_all(dest: Path = HERE / "lib") -> list[Path]:
-    """Every variant, and the libraries of older sources removed."""
-    made = [compile_one(v, dest) for v in VARIANTS]
-    for old in dest.glob("qdot_*.so"):
-        if old not in made:
-            old.unlink(missing_ok=True)
-    return made
+    """Every variant (compile_one removes an older source's libraries)."""
+    return [compile_one(v, dest) for v in VARIANTS]
 
 
 if __name__ == "__main__":
