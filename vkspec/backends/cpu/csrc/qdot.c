@@ -266,7 +266,12 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
             const int32_t *scv = w->scv + 64 * (b + j);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
             __m512i U[4], S[4];
-            for (int c = 0; c < 4; c++) { U[c] = _mm512_loadu_si512(u + 64 * c); S[c] = _mm512_loadu_si512(scv + 16 * c); }
+            if (w->held) {
+                sb_held(w->fmt, w->raw + w->block_bytes * (b + j), U);
+                lane_scales_held(w->sc + 16 * (b + j), S);
+            } else {
+                for (int c = 0; c < 4; c++) { U[c] = _mm512_loadu_si512(u + 64 * c); S[c] = _mm512_loadu_si512(scv + 16 * c); }
+            }
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + 256 * (b + j));
 #else
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(u, q + r * cols + 256 * (b + j), scv);
@@ -319,7 +324,15 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
     const int sgn = f == F_Q8_0 || f == F_INT8;
     const int mins = f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
     const int64_t cols = m->cols, nb = cols / fb, src = m->order ? m->order[i] : i;
-    decode_row(f, m->w + src * m->row_bytes, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
+    o->raw = m->w + src * m->row_bytes;
+    o->fmt = f;
+    o->block_bytes = BLOCK_BYTES[f];
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    o->held = held_format(f);
+#else
+    o->held = 0;
+#endif
+    decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
 #if defined(__AVX2__)
     if (kq) {
         rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);

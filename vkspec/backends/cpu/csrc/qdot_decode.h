@@ -30,7 +30,10 @@ typedef struct {
     float *dw, *mw;     /* per float block: d (or dmin's partner) and m / dmin */
     int8_t *sc, *mn;    /* K-quants: scale and min per 16 columns (signed scales fit: Q6_K's are int8) */
     int32_t *scv;       /* K-quants: the scale of each int32 lane of the dot products (lane_scales) */
-    int16_t *m16;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
+    int16_t *m16;
+    const uint8_t *raw; /* the row's own bytes, for formats whose values go straight to registers */
+    int held;           /* those formats: u and scv are not written (sb_held makes them) */
+    int fmt, block_bytes;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
                            Q5_K) or z x scale (Q3_K, Q6_K; |4096| at most) */
 } Row;
 
@@ -106,14 +109,50 @@ static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uin
  * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
  * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
  * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
-static void lane_scales(const int8_t *sc, int32_t *scv) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline void lane_scales_held(const int8_t *sc, __m512i *S) {
     const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)),
                                        _mm512_set1_epi32(0xFFFF));
     for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
-        _mm512_storeu_si512(scv + 16 * k, _mm512_permutexvar_epi32(
+        S[k] = _mm512_permutexvar_epi32(
             _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g));
+                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g);
+}
+
+/* Q4_K's and Q6_K's superblock values straight into four registers of 64 (no buffer: a one-row
+ * decode spent a quarter of its work storing the values and loading them back) */
+static inline int held_format(int f) { return f == F_Q4_K || f == F_Q6_K; }
+
+static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
+    if (f == F_Q4_K) {      /* 64 columns c: the low nibbles of qs[32c ..], then the high ones */
+        const __m256i m = _mm256_set1_epi8(15);
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+            U[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
+                                      _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
+        }
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(15);      /* Q6_K: 64 columns k of half k / 2 */
+    const __m256i m2 = _mm256_set1_epi8(3);
+    for (int k = 0; k < 4; k++) {
+        const int h = k / 2, sh = 4 * (k % 2);
+        __m512i ql = _mm512_loadu_si512(p + 64 * h);
+        __m512i lo = _mm512_and_si512(sh ? _mm512_srli_epi16(ql, 4) : ql, m4);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+        __m512i hb = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh)), m2)),
+            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh + 2)), m2), 1);
+        U[k] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+    }
+}
+#endif
+
+static void lane_scales(const int8_t *sc, int32_t *scv) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    __m512i S[4];
+    lane_scales_held(sc, S);
+    for (int k = 0; k < 4; k++) _mm512_storeu_si512(scv + 16 * k, S[k]);
 #elif defined(__AVX2__)
     __m128i g = _mm_loadu_si128((const __m128i *)sc);
     for (int c = 0; c < 8; c++) {       /* 32 columns: groups 2c (lanes 0-3) and 2c + 1 (lanes 4-7) */
@@ -165,6 +204,7 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
         const uint8_t *p = src + b * bb;
         uint8_t *u = o->u + 256 * b;
         int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
+        const int skip = o->held && b < cols / 256 / 8 * 8;     /* rows_k's groups of 8 make their own */
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
 #if defined(__AVX2__)
@@ -190,19 +230,19 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
             o->dw[b] = f16(p); o->mw[b] = f16(p + 2);
             k4_scales(p + 4, sc, mn);
             const uint8_t *qs = p + (f == F_Q4_K ? 16 : 48), *qh = f == F_Q5_K ? p + 16 : 0;
-            for (int c = 0; c < 4; c++) {
+            for (int c = 0; c < 4 && !skip; c++) {
                 put32(u + 64 * c, qs + 32 * c, 0, 15, qh, 2 * c, 1, 4);
                 put32(u + 64 * c + 32, qs + 32 * c, 4, 15, qh, 2 * c + 1, 1, 4);
             }
         } else {                                                    /* Q6_K */
             o->dw[b] = f16(p + 208);
             memcpy(sc, p + 192, 16);
-            for (int half = 0; half < 2; half++)
+            for (int half = 0; half < 2 && !skip; half++)
                 for (int k = 0; k < 4; k++)
                     put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
                           p + 128 + 32 * half, 2 * k, 3, 4);
         }
-        lane_scales(sc, o->scv + 64 * b);
+        if (!skip) lane_scales(sc, o->scv + 64 * b);
         const int zk = zero_point(f);
 #if defined(__AVX2__)
         __m256i m = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(zk ? sc : mn)));
