@@ -7,7 +7,9 @@ backend (which quantises activations the way q8 does), on the same prompts.
 Prints, per prompt, the number of leading generated tokens equal to
 transformers'. llama.cpp's output is text: it is tokenised again with the
 model's tokenizer (llama-completion prints no ids), so its count can be one
-short where a token boundary moves.
+short where a token boundary moves. llama.cpp drops the last newline of a
+prompt file (the file gets one more) and adds its own <bos> (Gemma's is
+taken off the text).
 """
 
 from __future__ import annotations
@@ -62,11 +64,16 @@ def main() -> int:
         exe = Path(a.peer) / "llama-completion"
         if exe.exists():
             pf = Path(tempfile.mkdtemp()) / "prompt.txt"
-            pf.write_text(tok.decode(ids))
+            text = tok.decode(ids)
+            text = text[len("<bos>"):] if text.startswith("<bos>") else text    # llama.cpp adds its own
+            pf.write_text(text + "\n")                  # and drops a prompt file's last newline
             r = subprocess.run([exe, "-m", path, "-f", pf, "-n", str(a.n), "--temp", "0", "-t", "2", "--no-escape",
                                 "-no-cnv", "--no-display-prompt", "--simple-io"], capture_output=True, text=True,
                                stdin=subprocess.DEVNULL)
-            peer = str(leading(tok.encode(r.stdout), want)) if r.returncode == 0 else "failed"
+            lead = tok.encode("")                        # what the tokenizer puts first (Gemma's <bos>)
+            out = tok.encode(r.stdout)
+            out = out[len(lead):] if out[:len(lead)] == lead else out
+            peer = str(leading(out, want)) if r.returncode == 0 else "failed"
         print(f"| {name} ({len(ids)} tokens) | {leading(got['f32'], want)} | {leading(got['q8'], want)} | {peer} |")
     return 0
 
