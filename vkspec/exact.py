@@ -343,8 +343,8 @@ def argmax(x) -> np.ndarray:
 # blocks' sum over Q8_LANES lanes. Every row is quantised on its own, so its
 # bits never depend on the rows that share its forward.
 
-Q8_MAX = 127               # never -128: x86's vpmaddubsw pairs 2 x 128 x 127 would not saturate, but
-Q8_LANES = 8               # symmetric codes keep sign flips exact (DESIGN.md, "Integer arithmetic")
+Q8_MAX = 127               # never -128: a code's negation (the kernels' sign trick) stays a code
+Q8_LANES = 8               # the float part's lanes (q8_reduce)
 _Q8_INV_MAX = f32(1.0 / 127.0)
 _ROUND_MAGIC = f32(12582912.0)          # 1.5 * 2**23: (v + M) - M rounds |v| < 2**22 half to even
 _MIN_NORMAL = f32(2.0 ** -126)

@@ -93,7 +93,6 @@ class Weights:
     mtp: MtpW | None = None
 
 
-
 def qweights(obj, seen=None) -> list[QWeight]:
     """Every QWeight reachable from obj (the weights' dataclasses and lists), once."""
     seen = seen if seen is not None else set()

@@ -70,7 +70,8 @@ THREADS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity"
 
 @dataclass
 class Q8Rows:
-    """Activation rows quantised for one block size: q int8 (n, C), d
+    """What vk_q8_quantize makes of activation rows (the tests read it; a
+    GEMV quantises inside its own call): q int8 (n, C), d
     float32 (n, C // fb), sums of 16 columns (int16: |sum| <= 2032) and of
     32 columns (int32), views of one buffer; ``ptrs``: their addresses."""
     fb: int
@@ -79,10 +80,6 @@ class Q8Rows:
     s16: np.ndarray
     s32: np.ndarray
     ptrs: tuple = ()
-
-    @property
-    def n(self) -> int:
-        return self.q.shape[0]
 
 
 def _addr(a: np.ndarray) -> int:

@@ -105,30 +105,21 @@ static inline I8 dot32_s(const uint8_t *w, const int8_t *q) {   /* signed weight
 #endif
 }
 
-static inline int32_t hsum(I8 v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_hadd_epi32(s, s);
-    s = _mm_hadd_epi32(s, s);
-    return _mm_cvtsi128_si32(s);
-}
-
-static inline I8 hsum8(const I8 *p) {          /* [hsum(p[0]) .. hsum(p[7])] */
+static inline I8 hsum8(const I8 *p) {          /* lane k: the sum of p[k]'s eight lanes */
     __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
     return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
 }
 #endif
 
+#if !defined(__AVX2__)
 static inline int32_t dot32(const uint8_t *u, const int8_t *q, int sgn) {
-#if defined(__AVX2__)
-    return hsum(sgn ? dot32_s(u, q) : dot32_u(u, q));
-#else
     int32_t s = 0;
     if (sgn) for (int i = 0; i < 32; i++) s += (int8_t)u[i] * q[i];
     else for (int i = 0; i < 32; i++) s += u[i] * q[i];
     return s;
-#endif
 }
+#endif
 
 static inline float fold8(const float *l) {
     float a0 = l[0] + l[4], a1 = l[1] + l[5], a2 = l[2] + l[6], a3 = l[3] + l[7];
