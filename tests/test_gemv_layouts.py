@@ -80,18 +80,20 @@ def moe_dir(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("moe"), seed=5, mtp=True, experts=8, top_k=2, echo=True)
 
 
+@pytest.mark.parametrize("acts", ["q8", "f32"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_chain_with_experts_and_a_draft_vocabulary(vk, moe_dir, layout, monkeypatch):
+def test_chain_with_experts_and_a_draft_vocabulary(vk, moe_dir, layout, acts, monkeypatch):
     """Half the experts in device slots (routed GEMVs), MTP drafts scored over
     a listed vocabulary (row-mapped lm_head), verify blocks of up to 4 rows:
-    the tokens and digest of the CPU's plain decoding."""
+    the tokens and digest of the CPU's plain decoding; gemv_q8.comp's
+    variants with q8 activations, gemv.comp's with f32."""
     monkeypatch.setenv("VKSPEC_GEMV_LANES", layout)
     prompt, n = [40, 41, 42, 43, 44, 45, 46, 47] * 2 + [3, 9], 32
-    want = generate(load_model(moe_dir, fmt="int8"), prompt, n)
-    cpu = load_model(moe_dir, fmt="int8")
+    cpu = load_model(moe_dir, fmt="int8", activations=acts)
+    want = generate(cpu, prompt, n)
     e = cpu.w.layers[0].ffn.experts[0]
     gb = 16 * (e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()) / (1 << 30)
-    m = load_model(moe_dir, fmt="int8", backend="vulkan", tier=TierConfig(budget_gb=gb))
+    m = load_model(moe_dir, fmt="int8", backend="vulkan", tier=TierConfig(budget_gb=gb), activations=acts)
     assert m.recorder.lanes == layout
     sources, gate = build(m, SpecConfig(spec_mode="mtp", spec_draft_max=3, spec_gate=False,
                                         spec_mtp_fr_vocab_size=4))
@@ -102,4 +104,5 @@ def test_chain_with_experts_and_a_draft_vocabulary(vk, moe_dir, layout, monkeypa
     assert 0 < st.hits < st.pairs
     suffix = "_serial" if layout == "serial" else ""
     ran = {key[0] for key in m.recorder.algos}
-    assert {f"gemv.int8{kind}{suffix}.spv" for kind in ("", "_routed", "_rowmap")} <= ran, sorted(ran)
+    stem = "gemv_q8" if acts == "q8" else "gemv"
+    assert {f"{stem}.int8{kind}{suffix}.spv" for kind in ("", "_routed", "_rowmap")} <= ran, sorted(ran)

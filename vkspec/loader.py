@@ -218,9 +218,6 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
     if activations not in ACTIVATIONS:
         raise VkspecError(f"unknown activations {activations!r} ({', '.join(ACTIVATIONS)})")
-    if activations == "q8" and backend == "vulkan":
-        raise VkspecError("--activations q8 runs on the CPU backend only for now (the device's integer "
-                          "GEMV is not built yet): use --activations f32 with --backend vulkan")
     from .backends.cpu.fpenv import ensure_ieee
     # the sampler computes on the CPU with NumPy on both backends; numba
     # runs only the CPU model's ops and the tier's CPU experts

@@ -121,6 +121,9 @@ class Gemv:
     # (recorder.gemv_spec). A dispatch has
     # ceil(rows / ROWS_PER_GROUP[layout]) workgroups along x.
     ROWS_PER_GROUP = {"parallel": 2, "serial": 64}
+    # gemv_q8.comp (the same block; x_off and x_stride in words of q8 rows):
+    # "parallel" 8 x 8 invocations, the 8 lanes of 8 rows; "serial" 64 rows
+    Q8_ROWS_PER_GROUP = {"parallel": 8, "serial": 64}
 
     rows: u32              # output rows (M)
     cols: u32              # columns (K, a multiple of 4)
@@ -140,6 +143,16 @@ class Gemv:
     idx_off: u32 = 0       # routed: first expert index
     first_row: u32 = 0     # rowmap: the part's first weight row
     part_rows: u32 = 0     # rowmap: the part's rows
+
+
+@dataclass(kw_only=True)
+class QuantizeQ8:
+    rows: u32              # input rows
+    cols: u32              # columns, a multiple of the block
+    x_off: u32 = 0         # first input float (multiple of 4)
+    x_stride: u32          # floats between input rows (multiple of 4)
+    q_off: u32 = 0         # first output word
+    q_stride: u32          # words between output rows (>= recorder.q8_words)
 
 
 @dataclass(kw_only=True)
@@ -227,6 +240,7 @@ class Softmax:
 # shader stem -> its struct (a shader missing here has no push constants)
 PUSH = {"argmax": Argmax, "attend": Attend, "bias_add": BiasAdd, "conv_step": ConvStep, "core_eval": CoreEval,
         "deltanet": Deltanet, "embed": Embed, "fill": Fill, "gelu_mul": GeluMul, "gemv": Gemv,
+        "gemv_q8": Gemv, "quantize_q8": QuantizeQ8,
         "moe_combine": MoeCombine, "rmsnorm": Rmsnorm, "rope": Rope, "route": Route,
         "silu_mul": SiluMul, "softmax": Softmax}
 

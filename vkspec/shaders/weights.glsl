@@ -316,9 +316,11 @@ vec4 w_vec4(uint rb, uint s0, uint e) {
 #define W_BW32(b) (((b) & 2u) == 0u ? bw[(b) >> 2] : (bw[(b) >> 2] >> 16) | (bw[((b) >> 2) + 1u] << 16))
 #endif
 
-void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
 #if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
-    uint o = rb + (e >> 5) * W_BLOCK_BYTES, i0 = o >> 2;
+// The bytes of the block at byte o (even) as words from its byte 0, each
+// word of the buffer read once (W_BW16, W_BW32 read them).
+void w_block_words(uint o, out uint bw[W_BLOCK_WORDS + 1u]) {
+    uint i0 = o >> 2;
     bool odd = (o & 2u) != 0u;
     // the aligned words that hold the block: one more when a block of 20 or 24
     // bytes starts mid-word (one of 18, 22 or 34 bytes fits either way)
@@ -326,9 +328,15 @@ void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
     for (uint k = 0u; k < W_BLOCK_WORDS; k++) a[k] = wq[i0 + k];
     a[W_BLOCK_WORDS] = 0u;
     if ((W_BLOCK_BYTES & 2u) == 0u && odd) a[W_BLOCK_WORDS] = wq[i0 + W_BLOCK_WORDS];
-    uint bw[W_BLOCK_WORDS + 1u];
     for (uint k = 0u; k < W_BLOCK_WORDS; k++) bw[k] = odd ? (a[k] >> 16) | (a[k + 1u] << 16) : a[k];
     bw[W_BLOCK_WORDS] = 0u;
+}
+#endif
+
+void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
+#if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
+    uint bw[W_BLOCK_WORDS + 1u];
+    w_block_words(rb + (e >> 5) * W_BLOCK_BYTES, bw);
     float d = w_f16(W_BW16(0u)), m = 0.0;
 #if defined(W_Q4_1) || defined(W_Q5_1)
     m = w_f16(W_BW16(2u));

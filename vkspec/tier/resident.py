@@ -125,7 +125,8 @@ class ExpertTier:
             data = up.zeros(f"experts:layer{i}.{part}", rows * n * q0.row_bytes // 4, np.uint32)
             scales = up.zeros(f"experts:layer{i}.{part}.scales", max(rows * n * q0.scales_per_row, 1), np.float32)
             setattr(ffn, part, DevWeight(rows * n, q0.cols,
-                                         [DevPart(0, rows * n, q0.fmt, q0.row_bytes, q0.scales_per_row, data, scales)]))
+                                         [DevPart(0, rows * n, q0.fmt, q0.row_bytes, q0.scales_per_row, data, scales,
+                                                  acts=q0.acts)]))
         if ffn.smap is not None:
             ffn.smap.data()[:] = NO_SLOT
 

@@ -50,6 +50,13 @@ def gemv_q8(w: QWeight, x: np.ndarray) -> np.ndarray:
     return gemvs_q8([w], x)[0]
 
 
+def quantize_q8(x: np.ndarray, block: int):
+    """Rows of x as q8 blocks of `block` columns: (q int8, d float32 per
+    block, int32 sums of each 16 values), exact.quantize_q8 and exact.q8_sums."""
+    q, d = exact.quantize_q8(x, block)
+    return q, d, exact.q8_sums(q)
+
+
 def gemvs_q8(ws, x: np.ndarray) -> list[np.ndarray]:
     """[gemv_q8(w, x) for w in ws], x quantised once per block size."""
     x = np.asarray(x, dtype=f32)

@@ -56,6 +56,12 @@ class Plan:
                               f"the budget of {budget / 2**30:.3f} GiB (--device-gb / VKSPEC_DEVICE_GB)")
 
 
+def q8_words(cols: int, block: int) -> int:
+    """Words of one row of quantize_q8.comp's output (its int8 values, a d
+    per block, a sum per 16 columns), rounded up to whole vec4s."""
+    return aligned(cols // 4 + cols // block + cols // 16)
+
+
 @dataclass
 class DevPart:
     """Rows first_row.. of a weight, in one format, in one device buffer."""
@@ -68,6 +74,7 @@ class DevPart:
     scales: object        # kp tensor holding the scales from float s_off
     w_off: int = 0
     s_off: int = 0
+    acts: str = "f32"     # the QWeight's arithmetic: "q8" runs gemv_q8.comp
 
     @property
     def variant(self) -> str:

@@ -27,6 +27,10 @@ STEP = "step"
 GEMV = Op("gemv", ("w", "scales", "x", "y"), P.Gemv)
 GEMV_ROUTED = Op("gemv", ("w", "scales", "x", "y", "idx", "slot_of"), P.Gemv)
 GEMV_ROWMAP = Op("gemv", ("w", "scales", "x", "y", "row_of"), P.Gemv)
+GEMV_Q8 = Op("gemv_q8", ("w", "scales", "q", "y"), P.Gemv)
+GEMV_Q8_ROUTED = Op("gemv_q8", ("w", "scales", "q", "y", "idx", "slot_of"), P.Gemv)
+GEMV_Q8_ROWMAP = Op("gemv_q8", ("w", "scales", "q", "y", "row_of"), P.Gemv)
+QUANTIZE_Q8 = Op("quantize_q8", ("x", "q"), P.QuantizeQ8)
 RMSNORM = Op("rmsnorm", ("x", "w", "y"), P.Rmsnorm)
 RMSNORM_GATED = Op("rmsnorm", ("x", "w", "y", "z"), P.Rmsnorm)
 EMBED = Op("embed", ("w", "scales", "y", STEP), P.Embed)
@@ -44,8 +48,8 @@ ARGMAX = Op("argmax", ("x", "y"), P.Argmax)
 SOFTMAX = Op("softmax", ("x", "y"), P.Softmax)          # the op tests (immediate.py)
 FILL = Op("fill", ("x", "y"), P.Fill)
 
-OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, RMSNORM, RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP,
-       DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, GELU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
+OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, GEMV_Q8, GEMV_Q8_ROUTED, GEMV_Q8_ROWMAP, QUANTIZE_Q8, RMSNORM,
+       RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP, DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, GELU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
 
 
 def groups(n: int, local: int = 64) -> int:

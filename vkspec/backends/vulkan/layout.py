@@ -22,8 +22,8 @@ from ... import exact
 from ...config import ModelConfig
 from ...formats.matrix import QWeight
 from ...rope import rope_tables
-from ...weights import LayerW, MoeW, Weights
-from .buffers import DevWeight
+from ...weights import LayerW, MoeW, Weights, qweights
+from .buffers import DevWeight, q8_words
 from .memory import Uploader
 from .step import step_block
 
@@ -188,6 +188,7 @@ class Scratch:
     mx: object         # the MTP head's residual stream
     mtp_in: object     # the trunk's hidden rows the head reads
     sub: object        # a sublayer's output before its sandwich norm (Gemma 3)
+    q8: object         # a GEMV's input as q8 blocks (quantize_q8.comp): a region per block size
 
 
 HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
@@ -223,6 +224,11 @@ class Layout:
         self.layers_w = w.layers + ([w.mtp.layer] if w.mtp else [])
         self.host = [fuse(lw) for lw in self.layers_w]
         self.n_moe = max(1, sum(h.moe for h in self.host))
+        # words of one block size's region of the q8 scratch: the most input
+        # rows of a q8 GEMV (a routed one's: a row per expert pair) at the
+        # widest q8 input, counted at 32-column blocks (more words than 256)
+        cols = [q.cols for q in qweights(w) if q.acts == "q8"]
+        self.q8_region = MAX_ROWS * max(self.dims.k, 1) * q8_words(max(cols), 32) if cols else 4
 
     def output_shapes(self):
         return [("main", MAX_ROWS)] + ([("mtp", 1)] if self.mtp else [])
@@ -244,7 +250,8 @@ class Layout:
             rwt=R * d.k * self.n_moe,
             ey=R * d.k * 2 * max(self.cfg.moe_intermediate_size, 1), ed=R * d.k * d.H,
             sh=R * d.H, fcin=R * P(2 * d.H), mx=R * d.Hp, mtp_in=R * d.Hp,
-            sub=R * d.Hp if self.cfg.sandwich_norms else 1)
+            sub=R * d.Hp if self.cfg.sandwich_norms else 1,
+            q8=2 * self.q8_region)
 
     def release_host(self):
         """After the upload the device holds every weight: the host lets go of
@@ -268,7 +275,7 @@ class Layout:
                     sin=up.array("rope:sin", sin if sin.size else zero),
                     norm=up.vector("weights:norm", self.w.norm), layers=[],
                     scratch=Scratch(**{name: up.zeros(f"scratch:{name}", words,
-                                                      np.uint32 if name == "ridx" else np.float32,
+                                                      np.uint32 if name in ("ridx", "q8") else np.float32,
                                                       "device" if name in HOST_VISIBLE else "storage")
                                        for name, words in self.scratch_words().items()}),
                     step=up.zeros("scratch:step", words, np.uint32, "device"),

@@ -241,7 +241,7 @@ class Uploader:
         assert all(p.cols == cols for p in parts)
         runs, row = [], 0
         for p in parts:
-            if runs and runs[-1][0].fmt == p.fmt:
+            if runs and (runs[-1][0].fmt, runs[-1][0].acts) == (p.fmt, p.acts):
                 runs[-1].append(p)
             else:
                 runs.append([p])
@@ -281,7 +281,7 @@ class Uploader:
             self.write(scales, s_off, sc)
         else:
             scales, s_off = self.array(f"{name}.scales", sc), 0
-        return DevPart(first_row, rows, f.fmt, f.row_bytes, s_stride, data, scales, 4 * w_off, s_off)
+        return DevPart(first_row, rows, f.fmt, f.row_bytes, s_stride, data, scales, 4 * w_off, s_off, f.acts)
 
 
 class Stream:

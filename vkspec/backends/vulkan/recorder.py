@@ -20,7 +20,8 @@ from ...shaders import push as P
 from . import graph as G
 from .graph import Recording, groups
 from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
-from .buffers import DevWeight
+from .buffers import DevWeight, q8_words
+from ...formats.intform import block_size
 
 
 def gemv_layout(dev) -> str:
@@ -40,6 +41,12 @@ def gemv_dispatch(variant: str, rows: int, layout: str) -> tuple[str, int]:
     """The gemv.comp variant name and workgroups along x for `rows` output rows."""
     return (variant + ("_serial" if layout == "serial" else ""),
             groups(rows, P.Gemv.ROWS_PER_GROUP[layout]))
+
+
+def q8_dispatch(variant: str, rows: int, layout: str) -> tuple[str, int]:
+    """gemv_q8.comp's variant name and workgroups along x, in gemv's lane layout."""
+    return (variant + ("_serial" if layout == "serial" else ""),
+            groups(rows, P.Gemv.Q8_ROWS_PER_GROUP[layout]))
 
 
 # gemv.comp's formats whose 32-column blocks w_block32 reads whole
@@ -77,31 +84,59 @@ class Recorder:
              row_of=None, out_rows=None):
         """y = w x for `rows` input rows, one dispatch per part of w; with
         ``row_of`` (a device list of weight rows) only those ``out_rows`` rows
-        of w, in the list's order."""
+        of w, in the list's order. A q8 part reads x quantised once per block
+        size (quantize_q8)."""
         m = out_rows or w.rows
-        common = dict(cols=w.cols, nvec=rows, x_off=x_off, x_stride=x_stride or padded(w.cols),
-                      y_stride=m if y_stride is None else y_stride)
+        x_stride = x_stride or padded(w.cols)
+        common = dict(cols=w.cols, nvec=rows, y_stride=m if y_stride is None else y_stride)
+        quantised: dict[int, dict] = {}
+        rowmap = row_of is not None
+        assert not (rowmap and acc)
         for part in w.parts:
             fmt = dict(row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off)
-            if row_of is not None:
-                assert not acc
-                self.rec.op(G.GEMV_ROWMAP, *gemv_dispatch(part.variant + "_rowmap", m, self.lanes),
-                            P.Gemv(rows=m, y_off=y_off, first_row=part.first_row, part_rows=part.rows,
-                                   **fmt, **common), spec=gemv_spec(self.lanes, rows, part.variant),
-                            w=part.data, scales=part.scales, x=x, y=y, row_of=row_of)
+            out, name = (m, part.variant + "_rowmap") if rowmap else (part.rows, part.variant)
+            if part.acts == "q8":
+                fb = block_size(part.fmt)
+                if fb not in quantised:
+                    quantised[fb] = self.quantize(x, rows, x_off, x_stride, w.cols, fb)
+                op, at, src = (G.GEMV_Q8_ROWMAP if rowmap else G.GEMV_Q8), quantised[fb], dict(q=self.s.q8)
+                (variant, gx), spec = q8_dispatch(name, out, self.lanes), (rows,)
             else:
-                self.rec.op(G.GEMV, *gemv_dispatch(part.variant, part.rows, self.lanes),
-                            P.Gemv(rows=part.rows, y_off=y_off + part.first_row, acc=int(acc), **fmt, **common),
-                            spec=gemv_spec(self.lanes, rows, part.variant), w=part.data, scales=part.scales, x=x, y=y)
+                op, at, src = (G.GEMV_ROWMAP if rowmap else G.GEMV), dict(x_off=x_off, x_stride=x_stride), dict(x=x)
+                (variant, gx), spec = gemv_dispatch(name, out, self.lanes), gemv_spec(self.lanes, rows, part.variant)
+            if rowmap:
+                push = P.Gemv(rows=m, y_off=y_off, first_row=part.first_row, part_rows=part.rows, **fmt, **common,
+                              **at)
+                src["row_of"] = row_of
+            else:
+                push = P.Gemv(rows=part.rows, y_off=y_off + part.first_row, acc=int(acc), **fmt, **common, **at)
+            self.rec.op(op, variant, gx, push, spec=spec, w=part.data, scales=part.scales, y=y, **src)
+
+    def quantize(self, x, rows, x_off, x_stride, cols, fb) -> dict:
+        """Rows of x as q8 blocks of fb columns in the q8 scratch's region for
+        fb; the x_off and x_stride of a gemv_q8 push that reads them."""
+        q_stride = q8_words(cols, fb)
+        q_off = 0 if fb == 256 else self.lay.q8_region
+        self.rec.op(G.QUANTIZE_Q8, f"b{fb}", (groups(cols, 256), rows),
+                    P.QuantizeQ8(rows=rows, cols=cols, x_off=x_off, x_stride=x_stride, q_off=q_off,
+                                 q_stride=q_stride), x=x, q=self.s.q8)
+        return dict(x_off=q_off, x_stride=q_stride)
 
     def routed(self, w: DevWeight, x, y, pairs, x_div, x_stride, y_stride, per_expert_rows, smap, idx_off):
         part = w.single
-        push = P.Gemv(rows=per_expert_rows, cols=w.cols, nvec=pairs, x_stride=x_stride, y_stride=y_stride,
-                      row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off,
-                      w_expert=per_expert_rows * part.row_bytes, s_expert=per_expert_rows * part.s_stride,
-                      x_div=x_div, idx_off=idx_off)
+        push = dict(rows=per_expert_rows, cols=w.cols, nvec=pairs, y_stride=y_stride,
+                    row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off,
+                    w_expert=per_expert_rows * part.row_bytes, s_expert=per_expert_rows * part.s_stride,
+                    x_div=x_div, idx_off=idx_off)
+        if part.acts == "q8":
+            at = self.quantize(x, -(-pairs // x_div), 0, x_stride, w.cols, block_size(part.fmt))
+            variant, gx = q8_dispatch(part.variant + "_routed", per_expert_rows, self.lanes)
+            self.rec.op(G.GEMV_Q8_ROUTED, variant, (gx, pairs), P.Gemv(**push, **at), spec=(1,),
+                        w=part.data, scales=part.scales, q=self.s.q8, y=y, idx=self.s.ridx, slot_of=smap)
+            return
         variant, gx = gemv_dispatch(part.variant + "_routed", per_expert_rows, self.lanes)
-        self.rec.op(G.GEMV_ROUTED, variant, (gx, pairs), push, spec=gemv_spec(self.lanes, 1, part.variant),
+        self.rec.op(G.GEMV_ROUTED, variant, (gx, pairs), P.Gemv(**push, x_stride=x_stride),
+                    spec=gemv_spec(self.lanes, 1, part.variant),
                     w=part.data, scales=part.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
 
     def embed(self, y, n, step, scale=1.0):
