@@ -15,8 +15,9 @@ from vkspec.speculative import generate
 from vkspec.loader import load_model
 from vkspec.tiny import make_tiny
 
-# "bf16": a BF16 checkpoint: both backends keep its weights as bf16
-FORMATS = ["f32", "int8", "int4-g64", "bf16"]
+# "bf16": a BF16 checkpoint: both backends keep its weights as bf16. int8 and
+# int4-g64 take q8 activations (the default); "int8/f32" the f32 reference
+FORMATS = ["f32", "int8", "int4-g64", "bf16", "int8/f32"]
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +34,15 @@ def pairs(vk, tiny_dir, tmp_path_factory):
     def get(fmt, mtp=True):
         if (fmt, mtp) not in cache:
             d, f = (bf16_dir, "f32") if fmt == "bf16" else (tiny_dir, fmt)
-            cache[fmt, mtp] = (load_model(d, fmt=f, mtp=mtp), load_model(d, fmt=f, mtp=mtp, backend="vulkan"))
+            f, _, acts = f.partition("/")
+            acts = acts or "q8"
+            cache[fmt, mtp] = (load_model(d, fmt=f, mtp=mtp, activations=acts),
+                               load_model(d, fmt=f, mtp=mtp, backend="vulkan", activations=acts))
             vk, kept = cache[fmt, mtp][1], ("bf16" if fmt == "bf16" else f)
-            assert {p.fmt for L in vk.b.layers for w in (L.mix, L.out, L.ffn.gate_up, L.ffn.down)
-                    for p in w.parts} == {kept}
+            parts = [p for L in vk.b.layers for w in (L.mix, L.out, L.ffn.gate_up, L.ffn.down) for p in w.parts]
+            assert {p.fmt for p in parts} == {kept}
+            q8 = f in ("int8", "int4-g64") and acts == "q8"      # (a matrix whose width is no whole block: f32)
+            assert ("q8" in {p.acts for p in parts}) == q8
             assert {p.fmt for p in vk.b.head.parts} == {kept}
         return cache[fmt, mtp]
     return get

@@ -94,7 +94,7 @@ def test_layer_calls_are_the_general_path_and_the_definition(name, tmp_path, mon
     """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, in int4 blocks:
     layer_calls gives the general path's and the NumPy definition's bits."""
     build(name, tmp_path)
-    model = load_model(tmp_path, fmt="int4-g64")
+    model = load_model(tmp_path, fmt="int4-g64", activations="f32")     # layer_calls is f32's fused path
     calls, general, definition = layer_calls_three_ways(model, [PROMPT[:9], PROMPT[9:13]], monkeypatch)
     assert calls == general == definition
 

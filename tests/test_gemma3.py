@@ -92,7 +92,7 @@ def test_layer_calls_are_the_general_path_and_the_definition(tiny, monkeypatch):
     """Sandwich norms, q/k norms, GELU, sliding windows and two RoPE bases, in
     int4 blocks: layer_calls gives the general path's and the NumPy
     definition's bits past the window."""
-    model = load_model(tiny[1], ctx=256, fmt="int4-g64")
+    model = load_model(tiny[1], ctx=256, fmt="int4-g64", activations="f32")   # layer_calls: f32's fused path
     toks = ids(20, seed=3)
     calls, general, definition = layer_calls_three_ways(model, [toks[:12], toks[12:17], toks[17:]], monkeypatch)
     assert calls == general == definition

@@ -34,7 +34,8 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def cpu(gguf_path):
-    return load_model(gguf_path, ctx=128)
+    """f32 activations: the reference the transformers comparisons use."""
+    return load_model(gguf_path, ctx=128, activations="f32")
 
 
 def test_the_file_is_a_k_quant_gemma3_held_in_its_own_blocks(gguf_path, cpu):
@@ -86,12 +87,15 @@ def test_logits_and_greedy_ids_equal_transformers_on_the_same_gguf(oracle, cpu, 
             break
 
 
-def test_the_device_equals_the_cpu(vk, gguf_path, cpu):
+def test_the_device_equals_the_cpu(vk, gguf_path):
     """A short prompt, a 3-row block and decode steps on the device (the
     262k-row lm_head is split in parts under Lavapipe's buffer limit): hidden
     rows, logits and picks byte for byte."""
-    dev = load_model(gguf_path, backend="vulkan", ctx=64)
+    cpu, dev = load_model(gguf_path, ctx=64), load_model(gguf_path, backend="vulkan", ctx=64)
     assert len(dev.b.head.parts) > 1
+    # q8 (the default) over the file's Q4_K, Q6_K, Q5_0 and Q8_0 matrices
+    assert {(p.fmt, p.acts) for L in dev.b.layers for w in (L.mix, L.out, L.ffn.gate_up, L.ffn.down)
+            for p in w.parts} >= {("q4_k", "q8"), ("q6_k", "q8"), ("q5_0", "q8")}
     sc, sv = cpu.new_state(), dev.new_state()
     for block in (PROMPT, [9259, 1902, 236764]):
         hc, lc = forward_both(cpu, dev, sc, sv, block)

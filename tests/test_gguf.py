@@ -27,7 +27,8 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def cpu_model(gguf_path):
-    return load_model(gguf_path)
+    """f32 activations: the reference the transformers comparisons use."""
+    return load_model(gguf_path, activations="f32")
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +131,12 @@ def test_layer_calls_are_the_general_path_and_the_definition(gguf_path, cpu_mode
     assert calls == general == definition
 
 
-def test_device_equals_cpu_byte_for_byte(vk, gguf_path, cpu_model):
-    dev = load_model(gguf_path, backend="vulkan")
+@pytest.mark.parametrize("acts", ["q8", "f32"])
+def test_device_equals_cpu_byte_for_byte(vk, gguf_path, cpu_model, acts):
+    if acts == "q8":
+        cpu_model = load_model(gguf_path)                  # the default
+    dev = load_model(gguf_path, backend="vulkan", activations=acts)
+    assert {p.acts for p in dev.b.head.parts} == {acts}
     ids = load_tokenizer(gguf_path).encode(TEXTS[0])
     a, b = generate(cpu_model, ids, 6), generate(dev, ids, 6)
     assert a.tokens == b.tokens and a.digest == b.digest

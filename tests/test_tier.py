@@ -103,8 +103,11 @@ def test_plan_matches_allocations(vk, moe_dir, budget, snapshots):
     # tensor by tensor: the plan is the allocation code run without a device
     from vkspec.backends.vulkan.model import VulkanModel
     from vkspec.loader import Loader, open_checkpoint
+    from vkspec.weights import set_activations
     cfg, ckpt = open_checkpoint(moe_dir, "int8")
-    planned = VulkanModel.planned(cfg, Loader(cfg, ckpt, "int8").load(True), tier=tier, slots=snapshots)
+    w = Loader(cfg, ckpt, "int8").load(True)
+    set_activations(w, "q8")                                     # load_model's default
+    planned = VulkanModel.planned(cfg, w, tier=tier, slots=snapshots)
     assert dict(planned.items) == m.up.made
     # one copy slot: each DeltaNet layer's conv ring and state, (K-1) x conv_dim + nv x dk x dv floats
     c = m.cfg

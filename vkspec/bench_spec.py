@@ -62,7 +62,7 @@ def encode_prompt(model_dir, prompt) -> list[int]:
 
 def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "auto"), n: int = 96,
         dtype: str = "f32", prompts=("code-edit", "chat"), out_dir=None, progress=True,
-        rounds: int = 1, activations: str = "f32") -> list[dict]:
+        rounds: int = 1, activations: str = "q8") -> list[dict]:
     """One row per (backend, prompt, mode). With rounds > 1 the modes run
     interleaved that many times and tok/s, TTFT and tokens per forward are
     medians (the gate's choices, so the counters, depend on measured time);

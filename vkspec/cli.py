@@ -340,9 +340,10 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     model.add_argument("model", help="a checkpoint directory or a .gguf file")
     model.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32",
                        help="quantise a safetensors checkpoint's matrices while loading")
-    model.add_argument("--activations", choices=["f32", "q8"], default="f32",
-                       help="the arithmetic of quantised weights: f32 (each weight widened, float dots; the "
-                            "reference) or q8 (int8 activation blocks, integer dots; CPU backend)")
+    model.add_argument("--activations", choices=["f32", "q8"], default="q8",
+                       help="the arithmetic of block-quantised weights: q8 (int8 activation blocks, integer "
+                            "dots; the default) or f32 (each weight widened, float dots; the reference); float "
+                            "weights always take f32")
     model.add_argument("--device-gb", type=float, default=None,
                        help="device memory budget for the dense chain (default: unlimited; VKSPEC_DEVICE_GB)")
     backend = parser()

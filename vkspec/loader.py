@@ -209,7 +209,7 @@ class TextModelNames:
 
 
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
-               backend: str = "cpu", device_gb: float | None = None, tier=None, activations: str = "f32"):
+               backend: str = "cpu", device_gb: float | None = None, tier=None, activations: str = "q8"):
     """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
     dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
     routed experts on the device). Both have the same interface and give the

@@ -29,7 +29,7 @@ MiB = float(1 << 20)
 
 
 def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapshots: int = 7,
-         drafts: int = 7, activations: str = "f32") -> dict:
+         drafts: int = 7, activations: str = "q8") -> dict:
     cfg, ckpt = open_checkpoint(model_dir, fmt)
     mtp = has_mtp(ckpt)
     w = Loader(cfg, ckpt, fmt).load(mtp)

@@ -1,7 +1,7 @@
 """Where a CPU forward's time goes: each compiled kernel timed around its
 calls, the rest (Python, NumPy, the calls' own dispatch) by difference.
 
-    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30] [--activations q8]
+    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30] [--activations f32]
 
 After a 186-row prefill (random ids), each row count is fed `repeat` times
 on top of it and rewound, so every forward sees the same cache length. A
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--rows", default="1,5,8")
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--activations", default="f32")
+    ap.add_argument("--activations", default="q8")
     args = ap.parse_args()
     m = load_model(args.model, backend="cpu", ctx=1024, activations=args.activations)
     m.warm()

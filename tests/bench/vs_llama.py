@@ -76,7 +76,7 @@ def timed(cmd, env=None) -> tuple[float, int, str, str]:
     return wall, rss, res.stdout, res.stderr
 
 
-def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False, activations="f32"):
+def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False, activations="q8"):
     text = Path(prompt_file).read_text()
     wall, rss, out, _ = timed([sys.executable, "-m", "vkspec.cli", "run", model, "--prompt", text, "-n", n,
                                "--backend", backend, "--spec", spec, "--json", "--activations", activations]
@@ -119,7 +119,7 @@ def main() -> int:
                          "VM advertises AMX it cannot run)")
     ap.add_argument("--peer-vulkan", default=None,
                     help="llama.cpp's Vulkan build's bin folder (tests/bench/build_llama_vulkan.sh)")
-    ap.add_argument("--activations", default="f32", help="vkspec's arithmetic(s), comma-separated: f32, q8")
+    ap.add_argument("--activations", default="q8", help="vkspec's arithmetic(s), comma-separated: q8 (the default), f32")
     ap.add_argument("--no-lookup", action="store_true", help="plain decoding and prefill only")
     ap.add_argument("--out", default="out/vs_llama.json")
     a = ap.parse_args()
