@@ -318,8 +318,9 @@ vec4 w_vec4(uint rb, uint s0, uint e) {
 
 #if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
 // The bytes of the block at byte o (even) as words from its byte 0, each
-// word of the buffer read once (W_BW16, W_BW32 read them).
-void w_block_words(uint o, out uint bw[W_BLOCK_WORDS + 1u]) {
+// word of the buffer read once (W_BW16, W_BW32 read them); its scale d and
+// min m (0 where the format has none).
+void w_block_words(uint o, out uint bw[W_BLOCK_WORDS + 1u], out float d, out float m) {
     uint i0 = o >> 2;
     bool odd = (o & 2u) != 0u;
     // the aligned words that hold the block: one more when a block of 20 or 24
@@ -330,17 +331,19 @@ void w_block_words(uint o, out uint bw[W_BLOCK_WORDS + 1u]) {
     if ((W_BLOCK_BYTES & 2u) == 0u && odd) a[W_BLOCK_WORDS] = wq[i0 + W_BLOCK_WORDS];
     for (uint k = 0u; k < W_BLOCK_WORDS; k++) bw[k] = odd ? (a[k] >> 16) | (a[k + 1u] << 16) : a[k];
     bw[W_BLOCK_WORDS] = 0u;
+    d = w_f16(W_BW16(0u));
+    m = 0.0;
+#if defined(W_Q4_1) || defined(W_Q5_1)
+    m = w_f16(W_BW16(2u));
+#endif
 }
 #endif
 
 void w_block32(uint rb, uint s0, uint e, uint cols, out vec4 v[8]) {
 #if defined(W_Q4_0) || defined(W_Q4_1) || defined(W_Q5_0) || defined(W_Q5_1) || defined(W_Q8_0)
     uint bw[W_BLOCK_WORDS + 1u];
-    w_block_words(rb + (e >> 5) * W_BLOCK_BYTES, bw);
-    float d = w_f16(W_BW16(0u)), m = 0.0;
-#if defined(W_Q4_1) || defined(W_Q5_1)
-    m = w_f16(W_BW16(2u));
-#endif
+    float d, m;
+    w_block_words(rb + (e >> 5) * W_BLOCK_BYTES, bw, d, m);
     for (uint t = 0u; t < 8u; t++) {
         uint j = 4u * t;
 #if defined(W_Q8_0)

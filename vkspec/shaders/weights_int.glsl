@@ -85,11 +85,7 @@ void wi_block32(uint o, uint s0, uint b, out uint w[8], out float d, out float m
     d = scales[s0 + (b >> 1)];
 #else
     uint bw[W_BLOCK_WORDS + 1u];
-    w_block_words(o, bw);
-    d = w_f16(W_BW16(0u));
-#if defined(W_Q4_1) || defined(W_Q5_1)
-    m = w_f16(W_BW16(2u));
-#endif
+    w_block_words(o, bw, d, m);
     for (uint t = 0u; t < 8u; t++) {
         uint j = 4u * t;
 #if defined(W_Q8_0)
