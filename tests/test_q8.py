@@ -11,7 +11,7 @@ from vkspec import exact
 from vkspec.backends.cpu import qdot
 from vkspec.backends.cpu.csrc import build
 from vkspec.formats import ggml
-from vkspec.formats.intform import Q8_FORMATS, block_size, int_form
+from vkspec.formats.intform import K_TYPES, Q8_FORMATS, block_size, int_form
 from vkspec.formats.matrix import QWeight, dequantize, no_scales
 from vkspec.formats.samples import random_weight
 
@@ -112,6 +112,21 @@ def test_compiled_q8_gemv_is_the_definition(fmt, isa, monkeypatch):
         bits_equal(qdot.gemv(w, edge), definition(w, edge))
         p = w.reordered(rng.permutation(w.rows))
         bits_equal(qdot.gemv(p, x[:3]), definition(p, x[:3]))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", K_TYPES)
+def test_short_k_quant_rows(fmt, isa, monkeypatch):
+    """Rows of fewer superblocks than a group of 8 (2; 3: Qwen3-MoE's expert down,
+    768 columns), exactly 8, and 8 plus 7: the short group's missing lanes
+    change no bit."""
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    rng = np.random.default_rng(8)
+    for cols in (512, 768, 2048, 3840):
+        w = random_weight(fmt, 20, cols, rng)
+        x, edge = q8_inputs(rng, 5, cols)
+        bits_equal(qdot.gemv(w, x), definition(w, x))
+        bits_equal(qdot.gemv(w, edge), definition(w, edge))
 
 
 @pytest.mark.parametrize("fmt", Q8_FORMATS)

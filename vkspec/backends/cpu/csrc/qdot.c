@@ -194,6 +194,7 @@ static inline I8 dot16(const int16_t *a, const int16_t *b) {
 }
 #endif
 
+#if !defined(__AVX2__)
 /* one K-quant superblock's integer sums against one activation row: s1 = sum_g sc_g (u.q - z sum q)
  * over its 16-column groups g, s2 = sum_g mn_g sum q */
 static inline void sb_sums(const Row *w, int64_t b, int z, int mins, const int8_t *q, const int16_t *s16,
@@ -214,7 +215,6 @@ static inline void sb_sums(const Row *w, int64_t b, int z, int mins, const int8_
     *s2 = mins ? m : 0;
 }
 
-#if !defined(__AVX2__)
 /* one activation row against a decoded K-quant row, superblock by superblock (plain C) */
 static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -246,13 +246,17 @@ static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q
 
 /* every activation row against a decoded K-quant row: superblocks outer, rows inner, so that a
  * superblock's weights and lane scales are loaded once for all the rows (L1's load ports, not
- * the arithmetic, bound the rows-outer order). P: 8 n vectors, L: 8 n floats of scratch. */
+ * the arithmetic, bound the rows-outer order). Groups of 8 superblocks, one float lane each; a
+ * row's last group may be short (Qwen3-MoE's experts: 3 superblocks a row): its missing lanes
+ * add +0, which changes no bit (a lane starts at +0 and is never -0).
+ * P: 8 n vectors, L: 8 n floats of scratch. */
 static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
                    int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
     for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        for (int j = 0; j < 8; j++) {
+    const I8 none = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b += 8) {
+        const int rem = nb - b < 8 ? (int)(nb - b) : 8;
+        for (int j = 0; j < rem; j++) {
             const uint8_t *u = w->u + 256 * (b + j);
             const int32_t *scv = w->scv + 64 * (b + j);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -268,28 +272,24 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(u, q + r * cols + 256 * (b + j), scv);
 #endif
         }
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 dw = _mm256_maskload_ps(w->dw + b, live), mw = _mm256_maskload_ps(w->mw + b, live);
         for (int64_t r = 0; r < n; r++) {
             const int16_t *sr = s16 + r * (cols / 16) + 16 * b;
             I8 t[8];
-            for (int j = 0; j < 8; j++) t[j] = dot16(w->m16 + 16 * (b + j), sr + 16 * j);
+            for (int j = 0; j < 8; j++) {
+                t[j] = j < rem ? dot16(w->m16 + 16 * (b + j), sr + 16 * j) : none;
+                if (j >= rem) P[8 * r + j] = none;
+            }
             __m256i s1 = hsum8(P + 8 * r), s2 = _mm256_setzero_si256();
             if (z) s1 = _mm256_sub_epi32(s1, hsum8(t));
             if (mins) s2 = hsum8(t);
-            __m256 x = _mm256_loadu_ps(dx + r * nb + b);
-            __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w->dw + b), x), _mm256_cvtepi32_ps(s1));
-            if (mins)
-                a = _mm256_sub_ps(a, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(w->mw + b), x), _mm256_cvtepi32_ps(s2)));
+            __m256 x = _mm256_maskload_ps(dx + r * nb + b, live);
+            __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
+            if (mins) a = _mm256_sub_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(s2)));
             _mm256_storeu_ps(L + 8 * r, _mm256_add_ps(_mm256_loadu_ps(L + 8 * r), a));
         }
     }
-    for (; b < nb; b++)
-        for (int64_t r = 0; r < n; r++) {
-            int32_t s1, s2;
-            sb_sums(w, b, z, mins, q + r * cols, s16 + r * (cols / 16), &s1, &s2);
-            float a = (w->dw[b] * dx[r * nb + b]) * (float)s1;
-            if (mins) a = a - (w->mw[b] * dx[r * nb + b]) * (float)s2;
-            L[8 * r + (b & 7)] = L[8 * r + (b & 7)] + a;
-        }
     for (int64_t r = 0; r < n; r++) y[r * ys] = fold8(L + 8 * r);
 }
 #endif

@@ -204,7 +204,7 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
         const uint8_t *p = src + b * bb;
         uint8_t *u = o->u + 256 * b;
         int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
-        const int skip = o->held && b < cols / 256 / 8 * 8;     /* rows_k's groups of 8 make their own */
+        const int skip = o->held;          /* rows_k makes them in registers (sb_held) */
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
 #if defined(__AVX2__)
