@@ -147,10 +147,18 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     every (row, expert) pair as if it ran alone: an expert runs over all the
     rows routed to it at once."""
     out = np.empty(idx.shape + (h.shape[-1],), f32)
+    routed = {}                 # the experts of each set of rows (a decode step: all k of its row)
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)
-        mw = w.experts[int(e)]
-        out[rows, slot] = gemv(mw.down, silu_mul(*gemvs([mw.gate, mw.up], h[rows])))
+        routed.setdefault(rows.tobytes(), (rows, []))[1].append((w.experts[int(e)], slot))
+    for rows, experts in routed.values():
+        if all(m.gate.acts == m.up.acts == "q8" for m, _ in experts):
+            # one q8 call for every gate and up the rows feed: one quantisation, one thread team
+            gu = gemvs_q8([q for m, _ in experts for q in (m.gate, m.up)], h[rows])
+        else:
+            gu = [y for m, _ in experts for y in gemvs([m.gate, m.up], h[rows])]
+        for j, (m, slot) in enumerate(experts):
+            out[rows, slot] = gemv(m.down, silu_mul(gu[2 * j], gu[2 * j + 1]))
     return out
 
 
