@@ -254,16 +254,33 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
                    int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
     for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
     const I8 none = _mm256_setzero_si256();
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < nb; b += 8) {
         const int rem = nb - b < 8 ? (int)(nb - b) : 8;
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), iota);
+        const int16_t *m16 = w->m16 + 16 * b;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        __m256 dw, mw;
+        __m256i held16[8];        /* a held row's m16 for these superblocks (decode_row's for the others) */
+        if (w->held) {
+            sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, live, &dw, &mw);
+            m16 = (const int16_t *)held16;
+        } else {
+            dw = _mm256_maskload_ps(w->dw + b, live);
+            mw = _mm256_maskload_ps(w->mw + b, live);
+        }
+#else
+        const __m256 dw = _mm256_maskload_ps(w->dw + b, live), mw = _mm256_maskload_ps(w->mw + b, live);
+#endif
         for (int j = 0; j < rem; j++) {
             const uint8_t *u = w->u + 256 * (b + j);
             const int32_t *scv = w->scv + 64 * (b + j);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
             __m512i U[4], S[4];
             if (w->held) {
-                sb_held(w->fmt, w->raw + w->block_bytes * (b + j), U);
-                lane_scales_held(w->sc + 16 * (b + j), S);
+                const uint8_t *raw = w->raw + w->block_bytes * (b + j);
+                sb_held(w->fmt, raw, U);
+                lane_scales_held(sb_groups_held(w->fmt, raw, &held16[j]), S);
             } else {
                 for (int c = 0; c < 4; c++) { U[c] = _mm512_loadu_si512(u + 64 * c); S[c] = _mm512_loadu_si512(scv + 16 * c); }
             }
@@ -272,13 +289,11 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(u, q + r * cols + 256 * (b + j), scv);
 #endif
         }
-        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256 dw = _mm256_maskload_ps(w->dw + b, live), mw = _mm256_maskload_ps(w->mw + b, live);
         for (int64_t r = 0; r < n; r++) {
             const int16_t *sr = s16 + r * (cols / 16) + 16 * b;
             I8 t[8];
             for (int j = 0; j < 8; j++) {
-                t[j] = j < rem ? dot16(w->m16 + 16 * (b + j), sr + 16 * j) : none;
+                t[j] = j < rem ? dot16(m16 + 16 * j, sr + 16 * j) : none;
                 if (j >= rem) P[8 * r + j] = none;
             }
             __m256i s1 = hsum8(P + 8 * r), s2 = _mm256_setzero_si256();
@@ -323,7 +338,7 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 #else
     o->held = 0;
 #endif
-    decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
+    if (!o->held) decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
 #if defined(__AVX2__)
     if (kq) {
         rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);

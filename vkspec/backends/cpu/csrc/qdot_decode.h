@@ -32,7 +32,7 @@ typedef struct {
     int32_t *scv;       /* K-quants: the scale of each int32 lane of the dot products (lane_scales) */
     int16_t *m16;
     const uint8_t *raw; /* the row's own bytes, for formats whose values go straight to registers */
-    int held;           /* those formats: u and scv are not written (sb_held makes them) */
+    int held;           /* those formats are not decoded: rows_k reads their bytes into registers */
     int fmt, block_bytes;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
                            Q5_K) or z x scale (Q3_K, Q6_K; |4096| at most) */
 } Row;
@@ -48,23 +48,29 @@ static int zero_point(int f) {
 }
 
 /* Q4_K/Q5_K's eight 6-bit (scale, min) pairs in 12 bytes (formats/ggml.py _k4_scales_mins),
- * four at a time as the bytes of a little-endian word, each widened to the two 16-column
- * groups it covers */
-static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
+ * four at a time as the bytes of a little-endian word: scales 0-7, then mins 0-7 */
+static inline void k4_words(const uint8_t *s, uint32_t *v) {
     uint32_t w0, w1, w2;
     memcpy(&w0, s, 4); memcpy(&w1, s + 4, 4); memcpy(&w2, s + 8, 4);
-    uint32_t lo = w0 & 0x3F3F3F3Fu, hi = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
-    uint32_t mlo = w1 & 0x3F3F3F3Fu, mhi = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+    v[0] = w0 & 0x3F3F3F3Fu;
+    v[1] = (w2 & 0x0F0F0F0Fu) | (((w0 >> 6) & 0x03030303u) << 4);
+    v[2] = w1 & 0x3F3F3F3Fu;
+    v[3] = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
+}
+
+/* each widened to the two 16-column groups it covers */
+static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
+    uint32_t v[4];
+    k4_words(s, v);
 #if defined(__AVX2__)
     /* each 16 bytes stored at once: the lane scales load them back as one (16 byte stores
      * followed by a 16-byte load stall until they retire: measured 44% of a Q4_K GEMV) */
-    __m128i v = _mm_setr_epi32((int)lo, (int)hi, (int)mlo, (int)mhi);
-    _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(v, v));
-    _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(v, v));
+    __m128i x = _mm_loadu_si128((const __m128i *)v);
+    _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(x, x));
+    _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(x, x));
 #else
-    uint32_t v[4] = {lo, hi, mlo, mhi};
     uint8_t b[16];
-    memcpy(b, v, 16);                 /* scales 0-7, then mins 0-7 */
+    memcpy(b, v, 16);
     for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[g / 2]; mn[g] = (int8_t)b[8 + g / 2]; }
 #endif
 }
@@ -110,9 +116,8 @@ static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uin
  * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
  * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-static inline void lane_scales_held(const int8_t *sc, __m512i *S) {
-    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)sc)),
-                                       _mm512_set1_epi32(0xFFFF));
+static inline void lane_scales_held(__m128i sc, __m512i *S) {
+    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
     for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
         S[k] = _mm512_permutexvar_epi32(
             _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
@@ -122,6 +127,33 @@ static inline void lane_scales_held(const int8_t *sc, __m512i *S) {
 /* Q4_K's and Q6_K's superblock values straight into four registers of 64 (no buffer: a one-row
  * decode spent a quarter of its work storing the values and loading them back) */
 static inline int held_format(int f) { return f == F_Q4_K || f == F_Q6_K; }
+
+/* a held superblock's 16-column group scales (int8), and per group what multiplies its sum of q
+ * (m16, as decode_row writes it), from the block's bytes */
+static inline __m128i sb_groups_held(int f, const uint8_t *p, __m256i *m16) {
+    if (f == F_Q4_K) {
+        uint32_t v[4];
+        k4_words(p + 4, v);
+        const __m128i x = _mm_loadu_si128((const __m128i *)v);
+        *m16 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, x));
+        return _mm_unpacklo_epi8(x, x);
+    }
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 192));      /* Q6_K, zero point 32 */
+    *m16 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(sc), _mm256_set1_epi16(32));
+    return sc;
+}
+
+/* the float scales (d, and Q4_K's dmin) of a held row's superblocks b .. b + 7, dead lanes +0: one
+ * gather of the 32-bit word that holds them (Q6_K's d is the top half of bytes 206-209, so the
+ * read stays inside the block) */
+static inline void sb_floats_held(int f, const uint8_t *raw, int bb, __m256i live, __m256 *dw, __m256 *mw) {
+    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
+    const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(raw + (f == F_Q4_K ? 0 : 206)),
+                                                  at, live, 1);
+    const __m256i hi = _mm256_srli_epi32(w, 16);
+    *dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(f == F_Q4_K ? w : hi));
+    *mw = f == F_Q4_K ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hi)) : _mm256_setzero_ps();
+}
 
 static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
     if (f == F_Q4_K) {      /* 64 columns c: the low nibbles of qs[32c ..], then the high ones */
@@ -151,7 +183,7 @@ static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
 static void lane_scales(const int8_t *sc, int32_t *scv) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     __m512i S[4];
-    lane_scales_held(sc, S);
+    lane_scales_held(_mm_loadu_si128((const __m128i *)sc), S);
     for (int k = 0; k < 4; k++) _mm512_storeu_si512(scv + 16 * k, S[k]);
 #elif defined(__AVX2__)
     __m128i g = _mm_loadu_si128((const __m128i *)sc);
@@ -204,7 +236,6 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
         const uint8_t *p = src + b * bb;
         uint8_t *u = o->u + 256 * b;
         int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
-        const int skip = o->held;          /* rows_k makes them in registers (sb_held) */
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
 #if defined(__AVX2__)
@@ -230,19 +261,19 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
             o->dw[b] = f16(p); o->mw[b] = f16(p + 2);
             k4_scales(p + 4, sc, mn);
             const uint8_t *qs = p + (f == F_Q4_K ? 16 : 48), *qh = f == F_Q5_K ? p + 16 : 0;
-            for (int c = 0; c < 4 && !skip; c++) {
+            for (int c = 0; c < 4; c++) {
                 put32(u + 64 * c, qs + 32 * c, 0, 15, qh, 2 * c, 1, 4);
                 put32(u + 64 * c + 32, qs + 32 * c, 4, 15, qh, 2 * c + 1, 1, 4);
             }
         } else {                                                    /* Q6_K */
             o->dw[b] = f16(p + 208);
             memcpy(sc, p + 192, 16);
-            for (int half = 0; half < 2 && !skip; half++)
+            for (int half = 0; half < 2; half++)
                 for (int k = 0; k < 4; k++)
                     put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
                           p + 128 + 32 * half, 2 * k, 3, 4);
         }
-        if (!skip) lane_scales(sc, o->scv + 64 * b);
+        lane_scales(sc, o->scv + 64 * b);
         const int zk = zero_point(f);
 #if defined(__AVX2__)
         __m256i m = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(zk ? sc : mn)));
