@@ -58,6 +58,14 @@ static inline void k4_words(const uint8_t *s, uint32_t *v) {
     v[3] = ((w2 >> 4) & 0x0F0F0F0Fu) | (((w1 >> 6) & 0x03030303u) << 4);
 }
 
+#if defined(__AVX2__)
+/* four words as one register without a trip through memory (four 4-byte stores read back by one
+ * 16-byte load do not forward: measured a quarter of a Q3_K GEMV) */
+static inline __m128i words4(const uint32_t *v) {
+    return _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+}
+#endif
+
 /* each widened to the two 16-column groups it covers */
 static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
     uint32_t v[4];
@@ -65,7 +73,7 @@ static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
 #if defined(__AVX2__)
     /* each 16 bytes stored at once: the lane scales load them back as one (16 byte stores
      * followed by a 16-byte load stall until they retire: measured 44% of a Q4_K GEMV) */
-    __m128i x = _mm_loadu_si128((const __m128i *)v);
+    __m128i x = words4(v);
     _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(x, x));
     _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(x, x));
 #else
@@ -124,17 +132,32 @@ static inline void lane_scales_held(__m128i sc, __m512i *S) {
                               4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g);
 }
 
-/* Q4_K's and Q6_K's superblock values straight into four registers of 64 (no buffer: a one-row
- * decode spent a quarter of its work storing the values and loading them back) */
-static inline int held_format(int f) { return f == F_Q4_K || f == F_Q6_K; }
+/* On AVX-512 every K-quant superblock goes straight into registers: four of 64 values, the group
+ * scales and the float scales, from its bytes (no buffer: a one-row decode spent a quarter of its
+ * work storing the values and loading them back) */
+static inline int held_format(int f) { return f >= F_Q2_K; }
 
 /* a held superblock's 16-column group scales (int8), and per group what multiplies its sum of q
  * (m16, as decode_row writes it), from the block's bytes */
 static inline __m128i sb_groups_held(int f, const uint8_t *p, __m256i *m16) {
-    if (f == F_Q4_K) {
+    if (f == F_Q2_K) {          /* byte g: scale in the low nibble, min in the high one */
+        const __m128i s = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+        *m16 = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), m));
+        return _mm_and_si128(s, m);
+    }
+    if (f == F_Q3_K) {          /* 16 6-bit scales - 32: low nibbles in bytes 96-103, top two bits in 104-107 */
+        uint32_t w[3], v[4];
+        memcpy(w, p + 96, 12);
+        for (int k = 0; k < 4; k++)
+            v[k] = ((k < 2 ? w[k] : w[k - 2] >> 4) & 0x0F0F0F0Fu) | (((w[2] >> (2 * k)) & 0x03030303u) << 4);
+        const __m128i sc = _mm_sub_epi8(words4(v), _mm_set1_epi8(32));
+        *m16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);               /* zero point 4 */
+        return sc;
+    }
+    if (f == F_Q4_K || f == F_Q5_K) {
         uint32_t v[4];
         k4_words(p + 4, v);
-        const __m128i x = _mm_loadu_si128((const __m128i *)v);
+        const __m128i x = words4(v);
         *m16 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(x, x));
         return _mm_unpacklo_epi8(x, x);
     }
@@ -143,39 +166,57 @@ static inline __m128i sb_groups_held(int f, const uint8_t *p, __m256i *m16) {
     return sc;
 }
 
-/* the float scales (d, and Q4_K's dmin) of a held row's superblocks b .. b + 7, dead lanes +0: one
- * gather of the 32-bit word that holds them (Q6_K's d is the top half of bytes 206-209, so the
- * read stays inside the block) */
+/* the float scales (d, and dmin where the format has one) of a held row's superblocks b .. b + 7,
+ * dead lanes +0: one gather of the 32-bit word that holds them (where d alone ends a block, the
+ * word ends with it, so the read stays inside the block) */
 static inline void sb_floats_held(int f, const uint8_t *raw, int bb, __m256i live, __m256 *dw, __m256 *mw) {
-    const __m256i at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
-    const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(raw + (f == F_Q4_K ? 0 : 206)),
-                                                  at, live, 1);
+    const int at = f == F_Q2_K ? 80 : f == F_Q3_K ? 106 : f == F_Q6_K ? 206 : 0, pair = f != F_Q3_K && f != F_Q6_K;
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
+    const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(raw + at), idx, live, 1);
     const __m256i hi = _mm256_srli_epi32(w, 16);
-    *dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(f == F_Q4_K ? w : hi));
-    *mw = f == F_Q4_K ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hi)) : _mm256_setzero_ps();
+    *dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(pair ? w : hi));
+    *mw = pair ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hi)) : _mm256_setzero_ps();
 }
 
+/* 64 values from the 32 bytes a: ((a[l] >> s0) & mask) in the low half, ((a[l] >> s1) & mask) in
+ * the high (16-bit shifts: the mask drops what the byte above shifted in) */
+static inline __m512i halves(const uint8_t *a, int s0, int s1, int mask) {
+    const __m512i cnt = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)s0)),
+                                           _mm256_set1_epi16((short)s1), 1);
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)a));
+    return _mm512_and_si512(_mm512_srlv_epi16(v, cnt), _mm512_set1_epi8((char)mask));
+}
+
+/* register c: columns 64c .. 64c + 63, in the layouts formats/intform.py reads (the switch outside
+ * and the loops unrolled: the shift counts must be constants) */
 static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
-    if (f == F_Q4_K) {      /* 64 columns c: the low nibbles of qs[32c ..], then the high ones */
-        const __m256i m = _mm256_set1_epi8(15);
-        for (int c = 0; c < 4; c++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
-            U[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
-                                      _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
-        }
+    switch (f) {
+    case F_Q2_K:        /* column 128h + 32s + l: (qs[32h + l] >> 2s) & 3 */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) U[c] = halves(p + 16 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2, 3);
         return;
-    }
-    const __m512i m4 = _mm512_set1_epi8(15);      /* Q6_K: 64 columns k of half k / 2 */
-    const __m256i m2 = _mm256_set1_epi8(3);
-    for (int k = 0; k < 4; k++) {
-        const int h = k / 2, sh = 4 * (k % 2);
-        __m512i ql = _mm512_loadu_si512(p + 64 * h);
-        __m512i lo = _mm512_and_si512(sh ? _mm512_srli_epi16(ql, 4) : ql, m4);
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-        __m512i hb = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh)), m2)),
-            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh + 2)), m2), 1);
-        U[k] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+    case F_Q3_K:        /* the same, with bit 4h + s of hmask[l] as bit 2 */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            U[c] = _mm512_or_si512(halves(p + 32 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2, 3),
+                                   _mm512_slli_epi16(halves(p, 2 * c, 2 * c + 1, 1), 2));
+        return;
+    case F_Q4_K:        /* the low nibbles of qs[32c ..], then the high ones */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) U[c] = halves(p + 16 + 32 * c, 0, 4, 15);
+        return;
+    case F_Q5_K:        /* the same, with bits 2c and 2c + 1 of qh[l] as bit 4 */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            U[c] = _mm512_or_si512(halves(p + 48 + 32 * c, 0, 4, 15), _mm512_slli_epi16(halves(p + 16, 2 * c, 2 * c + 1, 1), 4));
+        return;
+    default:            /* Q6_K: column 128h + 32s + l from ql[64h + 32(s % 2) + l] >> 4(s / 2) and qh[32h + l] >> 2s */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i ql = _mm512_loadu_si512(p + 64 * (c / 2));
+            const __m512i lo = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(15));
+            U[c] = _mm512_or_si512(lo, _mm512_slli_epi16(halves(p + 128 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2, 3), 4));
+        }
     }
 }
 #endif
