@@ -166,26 +166,21 @@ static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
 
 
 #if defined(__AVX2__)
-#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))     /* AVX-512 holds them in registers: sb_dot_held */
-/* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock */
-static inline I8 sb_dot(const uint8_t *u, const int8_t *q, const int32_t *scv) {
-#if defined(__AVXVNNI__)
-    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < 8; c++)
-        acc[c & 1] = _mm256_dpwssd_avx_epi32(acc[c & 1], dot32_u(u + 32 * c, q + 32 * c),
-                                             _mm256_loadu_si256((const __m256i *)(scv + 8 * c)));
-    return _mm256_add_epi32(acc[0], acc[1]);
-#else
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+/* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock, its
+ * values and lane scales in registers (U[c], S[c]: columns 32c .. 32c + 31) */
+static inline I8 sb_dot(const __m256i *U, const __m256i *S, const int8_t *q) {
     __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int c = 0; c < 8; c++) {
-        __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(u + 32 * c)),
-                                             _mm256_loadu_si256((const __m256i *)(q + 32 * c)));
-        acc[c & 1] = _mm256_add_epi32(acc[c & 1], _mm256_madd_epi16(pairs, _mm256_loadu_si256((const __m256i *)(scv + 8 * c))));
+        const __m256i qc = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+#if defined(__AVXVNNI__)
+        acc[c & 1] = _mm256_dpwssd_avx_epi32(acc[c & 1], _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), U[c], qc), S[c]);
+#else
+        acc[c & 1] = _mm256_add_epi32(acc[c & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(U[c], qc), S[c]));
+#endif
     }
     return _mm256_add_epi32(acc[0], acc[1]);
-#endif
 }
-
 #endif
 
 /* int32 lanes whose sum is sum_g a_g * b_g over 16 groups, both int16 */
@@ -244,9 +239,9 @@ static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q
 }
 #endif
 
-/* every activation row against a decoded K-quant row: superblocks outer, rows inner, so that a
- * superblock's weights and lane scales are loaded once for all the rows (L1's load ports, not
- * the arithmetic, bound the rows-outer order). Groups of 8 superblocks, one float lane each; a
+/* every activation row against a K-quant row read from its bytes: superblocks outer, rows inner,
+ * so that a superblock's values and lane scales are made once for all the rows (L1's load ports,
+ * not the arithmetic, bound the rows-outer order). Groups of 8 superblocks, one float lane each; a
  * row's last group may be short (Qwen3-MoE's experts: 3 superblocks a row): its missing lanes
  * add +0, which changes no bit (a lane starts at +0 and is never -0).
  * P: 8 n vectors, L: 8 n floats of scratch. */
@@ -258,42 +253,29 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
     for (int64_t b = 0; b < nb; b += 8) {
         const int rem = nb - b < 8 ? (int)(nb - b) : 8;
         const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), iota);
-        const int16_t *m16 = w->m16 + 16 * b;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
         __m256 dw, mw;
-        __m256i held16[8];        /* a held row's m16 for these superblocks (decode_row's for the others) */
-        if (w->held) {
-            sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, live, &dw, &mw);
-            m16 = (const int16_t *)held16;
-        } else {
-            dw = _mm256_maskload_ps(w->dw + b, live);
-            mw = _mm256_maskload_ps(w->mw + b, live);
-        }
-#else
-        const __m256 dw = _mm256_maskload_ps(w->dw + b, live), mw = _mm256_maskload_ps(w->mw + b, live);
-#endif
+        __m256i m16[8];           /* per superblock and group, what multiplies the group's sum of q */
+        sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, live, &dw, &mw);
         for (int j = 0; j < rem; j++) {
-            const uint8_t *u = w->u + 256 * (b + j);
-            const int32_t *scv = w->scv + 64 * (b + j);
+            const uint8_t *raw = w->raw + w->block_bytes * (b + j);
+            const __m128i g = sb_groups_held(w->fmt, raw, &m16[j]);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
             __m512i U[4], S[4];
-            if (w->held) {
-                const uint8_t *raw = w->raw + w->block_bytes * (b + j);
-                sb_held(w->fmt, raw, U);
-                lane_scales_held(sb_groups_held(w->fmt, raw, &held16[j]), S);
-            } else {
-                for (int c = 0; c < 4; c++) { U[c] = _mm512_loadu_si512(u + 64 * c); S[c] = _mm512_loadu_si512(scv + 16 * c); }
-            }
+            sb_held(w->fmt, raw, U);
+            lane_scales_held(g, S);
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + 256 * (b + j));
 #else
-            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(u, q + r * cols + 256 * (b + j), scv);
+            __m256i U[8], S[8];
+            sb_values32(w->fmt, raw, U);
+            for (int c = 0; c < 8; c++) S[c] = lane_scale32(g, c);
+            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(U, S, q + r * cols + 256 * (b + j));
 #endif
         }
         for (int64_t r = 0; r < n; r++) {
             const int16_t *sr = s16 + r * (cols / 16) + 16 * b;
             I8 t[8];
             for (int j = 0; j < 8; j++) {
-                t[j] = j < rem ? dot16(m16 + 16 * j, sr + 16 * j) : none;
+                t[j] = j < rem ? dot16((const int16_t *)&m16[j], sr + 16 * j) : none;
                 if (j >= rem) P[8 * r + j] = none;
             }
             __m256i s1 = hsum8(P + 8 * r), s2 = _mm256_setzero_si256();
@@ -333,17 +315,14 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
     o->raw = m->w + src * m->row_bytes;
     o->fmt = f;
     o->block_bytes = BLOCK_BYTES[f];
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    o->held = held_format(f);
-#else
-    o->held = 0;
-#endif
-    if (!o->held) decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
 #if defined(__AVX2__)
-    if (kq) {
+    if (kq) {                  /* read from the row's bytes, not decoded */
         rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);
         return;
     }
+#endif
+    decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
+#if defined(__AVX2__)
     for (int64_t r = 0; r < n; r++)    /* rows inner measured slower here: the row's 32-byte blocks
                                           are cheap to load again, the scratch is not */
         m->y[r * m->y_stride + i] = row_b32(o, nb, z, sgn, mins, a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32));
@@ -381,12 +360,12 @@ int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threa
     /* every thread's scratch in one block, carved by thread number: no allocation, no barrier
      * inside the parallel region */
     const size_t a64 = 64, su = (size_t)(cols + 63) / 64 * 64, sf = (sizeof(float) * (size_t)(cols / 32 + 1) + 63) / 64 * 64,
-                 s8 = ((size_t)(cols / 16 + 16) + 63) / 64 * 64, sv = (sizeof(int32_t) * (size_t)(cols / 4 + 16) + 63) / 64 * 64,
-                 s6 = (sizeof(int16_t) * (size_t)(cols / 16 + 16) + 63) / 64 * 64, sp = 32 * (size_t)(8 * n + 8),
+                 s8 = ((size_t)(cols / 16 + 16) + 63) / 64 * 64,
+                 sp = 32 * (size_t)(8 * n + 8),
                  sl = (sizeof(float) * (size_t)(8 * n + 8) + 63) / 64 * 64;
     /* whole pages a thread, a page apart: neighbouring threads' scratch on shared or adjacent lines
      * cost a third of the 2-thread rate (the adjacent-line prefetcher pairs lines across them) */
-    const size_t per = (su + 2 * sf + 2 * s8 + sv + s6 + sp + sl + 4095) / 4096 * 4096 + 4096;
+    const size_t per = (su + 2 * sf + 2 * s8 + sp + sl + 4095) / 4096 * 4096 + 4096;
     char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
     if (!scratch) failed = 1;
     #pragma omp parallel num_threads(threads) if (!failed && threads > 1)
@@ -402,8 +381,6 @@ int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threa
         o.mw = (float *)p; p += sf;
         o.sc = (int8_t *)p; p += s8;
         o.mn = (int8_t *)p; p += s8;
-        o.scv = (int32_t *)p; p += sv;
-        o.m16 = (int16_t *)p; p += s6;
         void *P = p; p += sp;
         float *L = (float *)p;
         for (int k = 0; k < count && !failed; k++) {

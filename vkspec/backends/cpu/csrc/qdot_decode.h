@@ -28,13 +28,9 @@ static float f16(const uint8_t *p) {
 typedef struct {
     uint8_t *u;         /* cols bytes: unsigned value + zero point, or signed (Q8_0, int8) */
     float *dw, *mw;     /* per float block: d (or dmin's partner) and m / dmin */
-    int8_t *sc, *mn;    /* K-quants: scale and min per 16 columns (signed scales fit: Q6_K's are int8) */
-    int32_t *scv;       /* K-quants: the scale of each int32 lane of the dot products (lane_scales) */
-    int16_t *m16;
-    const uint8_t *raw; /* the row's own bytes, for formats whose values go straight to registers */
-    int held;           /* those formats are not decoded: rows_k reads their bytes into registers */
-    int fmt, block_bytes;       /* K-quants: per 16 columns, what multiplies its sum of q: the min (Q2_K, Q4_K,
-                           Q5_K) or z x scale (Q3_K, Q6_K; |4096| at most) */
+    int8_t *sc, *mn;    /* K-quants (plain C): scale and min per 16 columns (Q6_K's signed scales fit) */
+    const uint8_t *raw; /* the row's own bytes: vector builds read K-quants from them into registers */
+    int fmt, block_bytes;
 } Row;
 
 static int zero_point(int f) {
@@ -66,22 +62,21 @@ static inline __m128i words4(const uint32_t *v) {
 }
 #endif
 
-/* each widened to the two 16-column groups it covers */
-static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {
+#if !defined(__AVX2__)
+/* plain builds decode K-quant rows into bytes (vector builds hold them in registers: rows_k) */
+static void k4_scales(const uint8_t *s, int8_t *sc, int8_t *mn) {      /* each pair widened to its two groups */
     uint32_t v[4];
-    k4_words(s, v);
-#if defined(__AVX2__)
-    /* each 16 bytes stored at once: the lane scales load them back as one (16 byte stores
-     * followed by a 16-byte load stall until they retire: measured 44% of a Q4_K GEMV) */
-    __m128i x = words4(v);
-    _mm_storeu_si128((__m128i *)sc, _mm_unpacklo_epi8(x, x));
-    _mm_storeu_si128((__m128i *)mn, _mm_unpackhi_epi8(x, x));
-#else
     uint8_t b[16];
+    k4_words(s, v);
     memcpy(b, v, 16);
     for (int g = 0; g < 16; g++) { sc[g] = (int8_t)b[g / 2]; mn[g] = (int8_t)b[8 + g / 2]; }
-#endif
 }
+
+/* u[l] = ((a[l] >> sa) & ma) | (((b[l] >> sb) & mb) << lb) for l < 32 (no b: the first term) */
+static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uint8_t *b, int sb, int mb, int lb) {
+    for (int l = 0; l < 32; l++) u[l] = (uint8_t)(((a[l] >> sa) & ma) | (b ? ((b[l] >> sb) & mb) << lb : 0));
+}
+#endif
 
 /* 16 bytes of nibbles -> 32 values (low nibbles first), with bit j of qh as value j's 5th bit */
 static inline void nibbles32(const uint8_t *qs, uint32_t qh, uint8_t *u) {
@@ -103,39 +98,58 @@ static inline void nibbles32(const uint8_t *qs, uint32_t qh, uint8_t *u) {
 #endif
 }
 
-/* u[l] = ((a[l] >> sa) & ma) | (((b[l] >> sb) & mb) << lb) for l < 32 (no b: the first term) */
-static inline void put32(uint8_t *u, const uint8_t *a, int sa, int ma, const uint8_t *b, int sb, int mb, int lb) {
 #if defined(__AVX2__)
-    __m256i v = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)a), _mm_cvtsi32_si128(sa)),
-                                 _mm256_set1_epi8((char)ma));
-    if (b) {
-        __m256i h = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b), _mm_cvtsi32_si128(sb)),
-                                     _mm256_set1_epi8((char)mb));
-        v = _mm256_or_si256(v, _mm256_sll_epi16(h, _mm_cvtsi32_si128(lb)));
-    }
-    _mm256_storeu_si256((__m256i *)u, v);
+/* Every K-quant superblock goes straight into registers: its values, group scales and float
+ * scales, from its bytes (no buffer: a one-row decode spent a quarter of its work storing the
+ * values and loading them back) */
+/* the low 16 bits of eight 32-bit lanes, as eight halves */
+static inline __m128i low_words(__m256i w) {
+    const __m256i p = _mm256_packus_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0xFFFF)), _mm256_setzero_si256());
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
+}
+
+/* the lane scales of 32 columns c (groups 2c, 2c + 1) from the 16 group scales, in a register */
+static inline __m256i lane_scale32(__m128i g, int c) {
+    const __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
+                                       2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(g, pick));
+#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
+    return _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
 #else
-    for (int l = 0; l < 32; l++) u[l] = (uint8_t)(((a[l] >> sa) & ma) | (b ? ((b[l] >> sb) & mb) << lb : 0));
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 #endif
 }
 
-/* The scale of every int32 lane of a superblock's dot products (64 lanes of 4 columns: lane j
- * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
- * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
- * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-static inline void lane_scales_held(__m128i sc, __m512i *S) {
-    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
-    for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
-        S[k] = _mm512_permutexvar_epi32(
-            _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g);
+/* the 32-column registers of a superblock (U[c]: columns 32c .. 32c + 31), in the layouts
+ * formats/intform.py reads; the switch outside and the loops unrolled (constant shifts) */
+#define BITS(a, sh, mask) _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(a)), sh), _mm256_set1_epi8(mask))
+static inline void sb_values32(int f, const uint8_t *p, __m256i *U) {
+    switch (f) {
+    case F_Q2_K:        /* column 128h + 32s + l: (qs[32h + l] >> 2s) & 3 */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) U[c] = BITS(p + 16 + 32 * (c / 4), 2 * (c % 4), 3);
+        return;
+    case F_Q3_K:        /* the same, with bit c of hmask[l] as bit 2 */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) U[c] = _mm256_or_si256(BITS(p + 32 + 32 * (c / 4), 2 * (c % 4), 3), _mm256_slli_epi16(BITS(p, c, 1), 2));
+        return;
+    case F_Q4_K:        /* the low nibbles of qs[32 (c / 2) ..], then the high ones */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) U[c] = BITS(p + 16 + 32 * (c / 2), 4 * (c % 2), 15);
+        return;
+    case F_Q5_K:        /* the same, with bit c of qh[l] as bit 4 */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            U[c] = _mm256_or_si256(BITS(p + 48 + 32 * (c / 2), 4 * (c % 2), 15), _mm256_slli_epi16(BITS(p + 16, c, 1), 4));
+        return;
+    default:            /* Q6_K: column 128h + 32s + l from ql[64h + 32(s % 2) + l] >> 4(s / 2) and qh[32h + l] >> 2s */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            U[c] = _mm256_or_si256(BITS(p + 64 * (c / 4) + 32 * (c % 2), 4 * ((c % 4) / 2), 15),
+                                   _mm256_slli_epi16(BITS(p + 128 + 32 * (c / 4), 2 * (c % 4), 3), 4));
+    }
 }
-
-/* On AVX-512 every K-quant superblock goes straight into registers: four of 64 values, the group
- * scales and the float scales, from its bytes (no buffer: a one-row decode spent a quarter of its
- * work storing the values and loading them back) */
-static inline int held_format(int f) { return f >= F_Q2_K; }
+#undef BITS
 
 /* a held superblock's 16-column group scales (int8), and per group what multiplies its sum of q
  * (m16, as decode_row writes it), from the block's bytes */
@@ -174,8 +188,23 @@ static inline void sb_floats_held(int f, const uint8_t *raw, int bb, __m256i liv
     const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
     const __m256i w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(raw + at), idx, live, 1);
     const __m256i hi = _mm256_srli_epi32(w, 16);
-    *dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(pair ? w : hi));
-    *mw = pair ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(hi)) : _mm256_setzero_ps();
+    *dw = _mm256_cvtph_ps(low_words(pair ? w : hi));
+    *mw = pair ? _mm256_cvtph_ps(low_words(hi)) : _mm256_setzero_ps();
+}
+
+#endif
+
+/* The scale of every int32 lane of a superblock's dot products (64 lanes of 4 columns: lane j
+ * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
+ * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
+ * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline void lane_scales_held(__m128i sc, __m512i *S) {
+    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
+    for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
+        S[k] = _mm512_permutexvar_epi32(
+            _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
+                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g);
 }
 
 /* 64 values from the 32 bytes a: ((a[l] >> s0) & mask) in the low half, ((a[l] >> s1) & mask) in
@@ -221,29 +250,6 @@ static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
 }
 #endif
 
-static void lane_scales(const int8_t *sc, int32_t *scv) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    __m512i S[4];
-    lane_scales_held(_mm_loadu_si128((const __m128i *)sc), S);
-    for (int k = 0; k < 4; k++) _mm512_storeu_si512(scv + 16 * k, S[k]);
-#elif defined(__AVX2__)
-    __m128i g = _mm_loadu_si128((const __m128i *)sc);
-    for (int c = 0; c < 8; c++) {       /* 32 columns: groups 2c (lanes 0-3) and 2c + 1 (lanes 4-7) */
-        __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
-                                     2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
-        __m256i v = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(g, pick));
-#if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
-        v = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-#else
-        v = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-#endif
-        _mm256_storeu_si256((__m256i *)(scv + 8 * c), v);
-    }
-#else
-    (void)sc; (void)scv;
-#endif
-}
-
 static void decode_row(int f, const uint8_t *src, const float *scales, int64_t cols, Row *o) {
     const int bb = BLOCK_BYTES[f];
     if (f == F_INT8) {
@@ -273,19 +279,14 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
         }
         return;
     }
+#if !defined(__AVX2__)
     for (int64_t b = 0; b < cols / 256; b++) {
         const uint8_t *p = src + b * bb;
         uint8_t *u = o->u + 256 * b;
         int8_t *sc = o->sc + 16 * b, *mn = o->mn + 16 * b;
         if (f == F_Q2_K) {
             o->dw[b] = f16(p + 80); o->mw[b] = f16(p + 82);
-#if defined(__AVX2__)
-            __m128i s = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
-            _mm_storeu_si128((__m128i *)sc, _mm_and_si128(s, m));
-            _mm_storeu_si128((__m128i *)mn, _mm_and_si128(_mm_srli_epi16(s, 4), m));
-#else
             for (int g = 0; g < 16; g++) { sc[g] = (int8_t)(p[g] & 15); mn[g] = (int8_t)(p[g] >> 4); }
-#endif
             for (int half = 0; half < 2; half++)
                 for (int ps = 0; ps < 4; ps++) put32(u + 128 * half + 32 * ps, p + 16 + 32 * half, 2 * ps, 3, 0, 0, 0, 0);
         } else if (f == F_Q3_K) {
@@ -314,15 +315,8 @@ static void decode_row(int f, const uint8_t *src, const float *scales, int64_t c
                     put32(u + 128 * half + 32 * k, p + 64 * half + 32 * (k % 2), 4 * (k / 2), 15,
                           p + 128 + 32 * half, 2 * k, 3, 4);
         }
-        lane_scales(sc, o->scv + 64 * b);
-        const int zk = zero_point(f);
-#if defined(__AVX2__)
-        __m256i m = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(zk ? sc : mn)));
-        _mm256_storeu_si256((__m256i *)(o->m16 + 16 * b), zk ? _mm256_mullo_epi16(m, _mm256_set1_epi16((short)zk)) : m);
-#else
-        for (int g = 0; g < 16; g++) o->m16[16 * b + g] = (int16_t)(zk ? zk * sc[g] : mn[g]);
-#endif
     }
+#endif
 }
 
 #endif
