@@ -82,8 +82,7 @@ void vk_q8_quantize(const float *x, int64_t n, int64_t cols, int64_t fb,
 #if defined(__AVX2__)
 typedef __m256i I8;              /* 8 int32 lanes: lane i sums bytes 4i..4i+3 */
 
-static inline I8 dot32_u(const uint8_t *u, const int8_t *q) {   /* u <= 63 (no saturation on AVX2) */
-    __m256i a = _mm256_loadu_si256((const __m256i *)u), b = _mm256_loadu_si256((const __m256i *)q);
+static inline I8 dot32_rr(__m256i a, __m256i b) {        /* unsigned a <= 63 (no saturation on AVX2), signed b */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b);
 #elif defined(__AVXVNNI__)
@@ -93,17 +92,14 @@ static inline I8 dot32_u(const uint8_t *u, const int8_t *q) {   /* u <= 63 (no s
 #endif
 }
 
-static inline I8 dot32_s(const uint8_t *w, const int8_t *q) {   /* signed weights: |w| * sign(w) q */
-    __m256i a = _mm256_loadu_si256((const __m256i *)w), b = _mm256_loadu_si256((const __m256i *)q);
-    __m256i ua = _mm256_abs_epi8(a), sb = _mm256_sign_epi8(b, a);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ua, sb);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ua, sb);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sb), _mm256_set1_epi16(1));
-#endif
+static inline I8 dot32_ur(__m256i a, const int8_t *q) { return dot32_rr(a, _mm256_loadu_si256((const __m256i *)q)); }
+
+static inline I8 dot32_sr(__m256i a, const int8_t *q) {   /* signed weights: |w| * sign(w) q */
+    return dot32_rr(_mm256_abs_epi8(a), _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)q), a));
 }
+
+static inline I8 dot32_u(const uint8_t *u, const int8_t *q) { return dot32_ur(_mm256_loadu_si256((const __m256i *)u), q); }
+static inline I8 dot32_s(const uint8_t *w, const int8_t *q) { return dot32_sr(_mm256_loadu_si256((const __m256i *)w), q); }
 
 static inline I8 hsum8(const I8 *p) {          /* lane k: the sum of p[k]'s eight lanes */
     __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -127,42 +123,79 @@ static inline float fold8(const float *l) {
     return b0 + b1;
 }
 
-/* one activation row against a decoded 32-column-block row */
-static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
-                     const int8_t *q, const float *dx, const int32_t *s32) {
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #if defined(__AVX2__)
-    /* 8 blocks at a time, the last group masked: a missing block adds (0 x 0) x 0 = +0 to its
-     * lane, which changes no bit (a lane is never -0); a row of 18 blocks (SmolLM2's 576
-     * columns) spent a quarter of its time in a scalar tail */
+/* block k's 32 values: raw < 0, from the decoded row; else from its bytes in format raw (constant) */
+static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64_t k, int raw) {
+    if (raw < 0) return _mm256_loadu_si256((const __m256i *)(w->u + 32 * k));
+    return values32(raw, w->raw + (int64_t)BLOCK_BYTES[raw] * k);
+}
+
+/* one activation row against a 32-column-block row. 8 blocks at a time, the last group masked: a
+ * missing block adds (0 x 0) x 0 = +0 to its lane, which changes no bit (a lane is never -0); a
+ * row of 18 blocks (SmolLM2's 576 columns) spent a quarter of its time in a scalar tail */
+static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int64_t nb, int z, int sgn, int mins,
+                                                              const int8_t *q, const float *dx, const int32_t *s32, int raw) {
+    float l[8];
     __m256 lanes = _mm256_setzero_ps();
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < nb; b += 8) {
         const int cnt = nb - b < 8 ? (int)(nb - b) : 8;
         const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
         I8 p[8];
-        for (int k = 0; k < 8; k++)
-            p[k] = k >= cnt ? _mm256_setzero_si256()
-                 : sgn ? dot32_s(w->u + 32 * (b + k), q + 32 * (b + k)) : dot32_u(w->u + 32 * (b + k), q + 32 * (b + k));
+        for (int k = 0; k < 8; k++) {
+            if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }
+            const __m256i v = block32(w, b + k, raw);
+            p[k] = sgn ? dot32_sr(v, q + 32 * (b + k)) : dot32_ur(v, q + 32 * (b + k));
+        }
+        __m256 dw, mw;
+        if (raw < 0) {
+            dw = _mm256_maskload_ps(w->dw + b, m);
+            mw = _mm256_maskload_ps(w->mw + b, m);
+        } else {            /* d, then m where the format has one: the block's first word */
+            const __m256i wd = block_words(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt);
+            dw = _mm256_cvtph_ps(low_words(wd));
+            mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+        }
         __m256i bs = _mm256_maskload_epi32(s32 + b, m);
         __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
         __m256 x = _mm256_maskload_ps(dx + b, m);
-        __m256 a = _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(w->dw + b, m), x), _mm256_cvtepi32_ps(s1));
-        if (mins)
-            a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(w->mw + b, m), x), _mm256_cvtepi32_ps(bs)));
+        __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
+        if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
         lanes = _mm256_add_ps(lanes, a);
     }
     _mm256_storeu_ps(l, lanes);
+    return fold8(l);
+}
+
+static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
+    return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, -1);
+}
+
+/* the same from the row's bytes, for the formats values32 reads (one activation row: decoding the
+ * row into bytes first cost about as much as its dot) */
+static float row_b32_raw(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
+    switch (w->fmt) {
+    case F_Q4_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_0);
+    case F_Q4_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_1);
+    case F_Q5_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_0);
+    case F_Q5_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_1);
+    default:     return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q8_0);
+    }
+}
 #else
+/* one activation row against a decoded 32-column-block row */
+static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
+                     const int8_t *q, const float *dx, const int32_t *s32) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t b = 0; b < nb; b++) {
         int32_t s1 = dot32(w->u + 32 * b, q + 32 * b, sgn) - z * s32[b];
         float a = (w->dw[b] * dx[b]) * (float)s1;
         if (mins) a = a + (w->mw[b] * dx[b]) * (float)s32[b];
         l[b & 7] = l[b & 7] + a;
     }
-#endif
     return fold8(l);
 }
+#endif
 
 
 #if defined(__AVX2__)
@@ -255,7 +288,7 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
         const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), iota);
         __m256 dw, mw;
         __m256i m16[8];           /* per superblock and group, what multiplies the group's sum of q */
-        sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, live, &dw, &mw);
+        sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, rem, &dw, &mw);
         for (int j = 0; j < rem; j++) {
             const uint8_t *raw = w->raw + w->block_bytes * (b + j);
             const __m128i g = sb_groups_held(w->fmt, raw, &m16[j]);
@@ -318,6 +351,12 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 #if defined(__AVX2__)
     if (kq) {                  /* read from the row's bytes, not decoded */
         rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);
+        return;
+    }
+#endif
+#if defined(__AVX2__)
+    if (n == 1 && f <= F_Q8_0) {
+        m->y[i] = row_b32_raw(o, nb, z, sgn, mins, a->q, a->d, a->s32);
         return;
     }
 #endif
