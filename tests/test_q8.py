@@ -158,3 +158,16 @@ def test_one_call_feeds_several_matrices_of_both_block_sizes():
     x = rng.standard_normal((3, 2304)).astype(np.float32)
     for w, y in zip(ws, qdot.gemvs(ws, x)):
         bits_equal(y, definition(w, x))
+
+
+def test_each_matrix_its_own_input_in_one_call():
+    """qdot.gemvs_each (a MoE layer's expert downs): matrices of both block
+    sizes and different widths, each against its own input of its own row
+    count, in one call; each output is its definition's bits (a mix-up of
+    inputs, widths or row counts between the matrices fails it)."""
+    rng = np.random.default_rng(11)
+    shapes = (("q4_k", 24, 768), ("q8_0", 40, 2048), ("q6_k", 16, 2048), ("q4_0", 8, 768))
+    ws = [random_weight(f, rows, cols, rng) for f, rows, cols in shapes]
+    xs = [rng.standard_normal((n, w.cols)).astype(np.float32) for n, w in zip((1, 3, 2, 5), ws)]
+    for w, x, y in zip(ws, xs, qdot.gemvs_each(ws, xs)):
+        bits_equal(y, definition(w, x))

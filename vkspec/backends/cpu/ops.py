@@ -151,6 +151,7 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     for e in np.unique(idx):
         rows, slot = np.nonzero(idx == e)
         routed.setdefault(rows.tobytes(), (rows, []))[1].append((w.experts[int(e)], slot))
+    downs = []                  # (weight, its input, rows, slot): the q8 ones run in one call at the end
     for rows, experts in routed.values():
         if all(m.gate.acts == m.up.acts == "q8" for m, _ in experts):
             # one q8 call for every gate and up the rows feed: one quantisation, one thread team
@@ -158,7 +159,14 @@ def expert_mlps(w, h, idx) -> np.ndarray:
         else:
             gu = [y for m, _ in experts for y in gemvs([m.gate, m.up], h[rows])]
         for j, (m, slot) in enumerate(experts):
-            out[rows, slot] = gemv(m.down, silu_mul(gu[2 * j], gu[2 * j + 1]))
+            a = silu_mul(gu[2 * j], gu[2 * j + 1])
+            if m.down.acts == "q8" and jit.enabled():
+                downs.append((m.down, a, rows, slot))
+            else:
+                out[rows, slot] = gemv(m.down, a)
+    if downs:                   # each down its own input (qdot.gemvs_each: the same bits as one call each)
+        for (_, _, rows, slot), y in zip(downs, qdot.gemvs_each([d[0] for d in downs], [d[1] for d in downs])):
+            out[rows, slot] = y
     return out
 
 

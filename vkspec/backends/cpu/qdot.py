@@ -58,6 +58,8 @@ def _lib(v: str):
     lib.vk_q8_quantize.restype = None
     lib.vk_q8_gemvs.argtypes = [_P, ctypes.c_int, _P, _I, ctypes.c_int]
     lib.vk_q8_gemvs.restype = ctypes.c_int
+    lib.vk_q8_gemvs_each.argtypes = [_P, ctypes.c_int, _P, _P, ctypes.c_int]
+    lib.vk_q8_gemvs_each.restype = ctypes.c_int
     return lib
 
 
@@ -119,7 +121,7 @@ class _Call:
         self.keep = []
         self.mats = (Mat * len(ws))()
         for m, w in zip(self.mats, ws):
-            assert w.data.strides[1] == 1 and w.cols == ws[0].cols
+            assert w.data.strides[1] == 1
             scales = np.ascontiguousarray(w.scales, np.float32) if w.fmt in ("int8", "int4-g64") else None
             order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
             self.keep += [scales, order]
@@ -128,15 +130,29 @@ class _Call:
             m.scale_stride = 0 if scales is None else scales.shape[1]
             m.order = None if order is None else _addr(order)
 
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        n = x.shape[0]
+    def _outputs(self, counts) -> list[np.ndarray]:
         outs = []
-        for m, w in zip(self.mats, self.ws):
+        for m, w, n in zip(self.mats, self.ws, counts):
             y = np.empty((n, w.rows), np.float32)
             m.y, m.y_stride = _addr(y), w.rows
             outs.append(y)
-        if lib().vk_q8_gemvs(self.mats, len(self.ws), _addr(x), n, THREADS):
+        return outs
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        assert all(w.cols == x.shape[1] for w in self.ws)
+        outs = self._outputs([x.shape[0]] * len(self.ws))
+        if lib().vk_q8_gemvs(self.mats, len(self.ws), _addr(x), x.shape[0], THREADS):
+            raise MemoryError("q8 GEMV: out of memory for its buffers")
+        return outs
+
+    def each(self, xs) -> list[np.ndarray]:
+        xs = [np.ascontiguousarray(x, dtype=np.float32) for x in xs]
+        assert len(xs) == len(self.ws) and all(w.cols == x.shape[1] for w, x in zip(self.ws, xs))
+        outs = self._outputs([x.shape[0] for x in xs])
+        ptrs = (ctypes.c_void_p * len(xs))(*[_addr(x) for x in xs])
+        ns = (ctypes.c_int64 * len(xs))(*[x.shape[0] for x in xs])
+        if lib().vk_q8_gemvs_each(self.mats, len(self.ws), ptrs, ns, THREADS):
             raise MemoryError("q8 GEMV: out of memory for its buffers")
         return outs
 
@@ -144,20 +160,30 @@ class _Call:
 _CALLS: dict[tuple, _Call] = {}
 
 
-def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
-    """[(n, w.rows) float32 for w in ws]: every row of x (n, cols), quantised
-    per block inside the call, against every logical row of each weight."""
+def _call(ws) -> _Call:
     key = tuple(id(w) for w in ws)
     call = _CALLS.get(key)
     if call is None or any(a is not b for a, b in zip(call.ws, ws)):
         if len(_CALLS) >= 1024:                         # passing weights (a draft vocabulary's rows)
             _CALLS.clear()
         call = _CALLS[key] = _Call(tuple(ws))           # holds the weights: an id is not reused meanwhile
-    return call(x)
+    return call
+
+
+def gemvs(ws, x: np.ndarray) -> list[np.ndarray]:
+    """[(n, w.rows) float32 for w in ws]: every row of x (n, cols), quantised
+    per block inside the call, against every logical row of each weight."""
+    return _call(ws)(x)
+
+
+def gemvs_each(ws, xs) -> list[np.ndarray]:
+    """[(len(x), w.rows) float32 for w, x in zip(ws, xs)]: each weight against
+    its own input, all in one call (each row's bits as in gemv)."""
+    return _call(ws).each(xs)
 
 
 def gemv(w: QWeight, x: np.ndarray) -> np.ndarray:
     return gemvs((w,), x)[0]
 
 
-__all__ = ["Q8Rows", "quantize", "gemvs", "gemv", "variant", "lib"]
+__all__ = ["Q8Rows", "quantize", "gemvs", "gemvs_each", "gemv", "variant", "lib"]

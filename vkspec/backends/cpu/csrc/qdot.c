@@ -373,27 +373,39 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 #endif
 }
 
-/* The matrices one input x (n rows of cols float32) feeds, in one call: x quantised once per
- * block size they need (vk_q8_quantize), then every matrix's rows shared out among the threads
- * with no barrier between matrices. Returns 0, or -1 when memory runs out (nothing written). */
-int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threads) {
-    if (count <= 0 || n <= 0) return 0;
-    const int64_t cols = mats[0].cols;
-    int need[2] = {0, 0};
-    int64_t total = 0;
-    for (int k = 0; k < count; k++) { need[mats[k].fmt >= F_Q2_K] = 1; total += mats[k].rows; }
-    Acts acts[2] = {{0}, {0}};
-    int failed = 0;
+/* An input of a call: n rows of cols float32, quantised once per block size its matrices need. */
+typedef struct { const float *x; int64_t n, cols; Acts a[2]; } Input;
+
+static int quantize_input(Input *in, const int need[2]) {
     for (int kq = 0; kq < 2; kq++) {
         if (!need[kq]) continue;
-        const int64_t fb = kq ? 256 : 32;
-        acts[kq].q = malloc((size_t)(n * cols));
-        acts[kq].d = malloc(sizeof(float) * (size_t)(n * (cols / fb)));
-        acts[kq].s16 = malloc(sizeof(int16_t) * (size_t)(n * (cols / 16) + 16));
-        acts[kq].s32 = malloc(sizeof(int32_t) * (size_t)(n * (cols / 32) + 8));
-        if (!acts[kq].q || !acts[kq].d || !acts[kq].s16 || !acts[kq].s32) { failed = 1; continue; }
-        vk_q8_quantize(x, n, cols, fb, acts[kq].q, acts[kq].d, acts[kq].s16, acts[kq].s32);
+        const int64_t fb = kq ? 256 : 32, n = in->n, cols = in->cols;
+        Acts *a = &in->a[kq];
+        a->q = malloc((size_t)(n * cols));
+        a->d = malloc(sizeof(float) * (size_t)(n * (cols / fb)));
+        a->s16 = malloc(sizeof(int16_t) * (size_t)(n * (cols / 16) + 16));
+        a->s32 = malloc(sizeof(int32_t) * (size_t)(n * (cols / 32) + 8));
+        if (!a->q || !a->d || !a->s16 || !a->s32) return -1;
+        vk_q8_quantize(in->x, n, cols, fb, a->q, a->d, a->s16, a->s32);
     }
+    return 0;
+}
+
+/* every matrix k against input ins[at[k]], in one parallel region: each matrix's rows shared out
+ * among the threads with no barrier between matrices. Returns 0, or -1 when memory runs out
+ * (nothing written). */
+static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, int threads) {
+    int failed = 0;
+    int64_t total = 0, cols = 0, n = 0;
+    for (int i = 0; i < nin && !failed; i++) {
+        int need[2] = {0, 0};
+        for (int k = 0; k < count; k++)
+            if (at[k] == i) need[mats[k].fmt >= F_Q2_K] = 1;
+        failed = quantize_input(&ins[i], need);
+        cols = ins[i].cols > cols ? ins[i].cols : cols;
+        n = ins[i].n > n ? ins[i].n : n;
+    }
+    for (int k = 0; k < count; k++) total += mats[k].rows;
     if (threads <= 0) threads = 1;
     if (total < 64) threads = 1;
     /* every thread's scratch in one block, carved by thread number: no allocation, no barrier
@@ -424,15 +436,43 @@ int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threa
         float *L = (float *)p;
         for (int k = 0; k < count && !failed; k++) {
             const Mat *m = &mats[k];
+            const Input *in = &ins[at[k]];
             /* long runs of rows a thread: the hardware prefetchers follow one stream a thread
              * (8-row chunks handed out in turn read at half the bandwidth) */
             int64_t chunk = m->rows / (4 * threads);
             chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
             #pragma omp for schedule(dynamic, chunk) nowait
-            for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &acts[m->fmt >= F_Q2_K], n, &o, P, L);
+            for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
         }
     }
     free(scratch);
-    for (int kq = 0; kq < 2; kq++) { free(acts[kq].q); free(acts[kq].d); free(acts[kq].s16); free(acts[kq].s32); }
+    for (int i = 0; i < nin; i++)
+        for (int kq = 0; kq < 2; kq++) { free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32); }
     return failed ? -1 : 0;
+}
+
+/* The matrices one input x (n rows of cols float32) feeds, in one call. */
+int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threads) {
+    if (count <= 0 || n <= 0) return 0;
+    Input in = {x, n, mats[0].cols, {{0}, {0}}};
+    int *at = calloc((size_t)count, sizeof(int));
+    const int r = at ? run(mats, count, &in, 1, at, threads) : -1;
+    free(at);
+    return r;
+}
+
+/* Matrix k against its own input xs[k] (ns[k] rows of its cols), in one call: a MoE layer's
+ * expert downs, each fed by its own expert. */
+int vk_q8_gemvs_each(const Mat *mats, int count, const float *const *xs, const int64_t *ns, int threads) {
+    if (count <= 0) return 0;
+    Input *ins = calloc((size_t)count, sizeof(Input));
+    int *at = calloc((size_t)count, sizeof(int));
+    int r = -1;
+    if (ins && at) {
+        for (int k = 0; k < count; k++) { ins[k].x = xs[k]; ins[k].n = ns[k]; ins[k].cols = mats[k].cols; at[k] = k; }
+        r = run(mats, count, ins, count, at, threads);
+    }
+    free(ins);
+    free(at);
+    return r;
 }
