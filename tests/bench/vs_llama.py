@@ -4,6 +4,11 @@ process, rounds interleaved; prints one table (markdown) and writes JSON.
     python tests/bench/vs_llama.py MODEL.gguf [--rounds 3] [-n 96] [--backends cpu,vulkan]
                                    [--activations f32,q8] [--no-lookup]
                                    [--peer DIR] [--peer-vulkan DIR] [--out out/vs_llama.json]
+    python tests/bench/vs_llama.py A.gguf B.gguf ... [--rounds 3] [-n 32]
+
+With several files (one model requantised to each format), each round runs
+every file in turn, and the table has one row per file: prefill and plain
+decode of vkspec's CPU path (q8) and llama.cpp's, no start or lookup runs.
 
 --activations runs vkspec once per arithmetic (q8: int8 activation blocks
 and integer dots), each as its own rows; --no-lookup leaves out the lookup
@@ -108,9 +113,53 @@ def runs_of(a) -> list[str]:
     return [f"{b} {acts}" for b in a.backends.split(",") for acts in a.activations.split(",")]
 
 
+def machine() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    flags = open("/proc/cpuinfo").read()
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+    forced = os.environ.get("VKSPEC_CPU_ISA")
+    return (f"{cpu} ({isa}{', vkspec forced to ' + forced if forced else ''}), {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}")
+
+
+def per_file(a) -> int:
+    """One row per file: prefill and plain decode, vkspec CPU q8 next to llama.cpp, rounds interleaved."""
+    env, completion = dict(os.environ), ("-no-cnv", "--no-display-prompt", "--simple-io")
+    runs: dict[tuple, list] = {}
+    prompts = {}
+    for model in a.model:
+        text, n_prompt = rendered_prompt(model)
+        pf = Path(tempfile.mkdtemp()) / "prompt.txt"
+        pf.write_text(text)
+        prompts[model] = (pf, n_prompt)
+    for rnd in range(a.rounds):
+        for model in a.model:
+            print(f"round {rnd + 1}/{a.rounds}: {Path(model).name}", file=sys.stderr, flush=True)
+            pf = prompts[model][0]
+            runs.setdefault((model, "llama.cpp"), []).append(llama(a.peer, "llama-completion", model, pf, a.n, completion))
+            runs.setdefault((model, "vkspec"), []).append(vkspec_run(model, pf, a.n, "cpu", "off", env))
+    med = statistics.median
+    print(f"{len(a.model)} files, {a.rounds} interleaved rounds, medians, -n {a.n}; {machine()}; "
+          f"llama.cpp peer: its CPU backend, 2 threads\n")
+    print("| file | prefill tok/s vkspec | llama.cpp | ratio | decode tok/s vkspec | llama.cpp | ratio |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
+    out = []
+    for model in a.model:
+        cells = []
+        for field in ("prefill_tok_s", "decode_tok_s"):
+            ours, theirs = (med(r[field] for r in runs[(model, who)]) for who in ("vkspec", "llama.cpp"))
+            cells += [ours, theirs, ours / theirs]
+        out.append((Path(model).name, cells))
+        print(f"| {Path(model).name} ({prompts[model][1]} prompt tokens) | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"rows": out, "runs": {f"{Path(m).name} {who}": [
+        {f: v for f, v in r.items() if f != "tokens"} for r in rs] for (m, who), rs in runs.items()}}, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("model")
+    ap.add_argument("model", nargs="+")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--backends", default="cpu,vulkan")
@@ -123,6 +172,9 @@ def main() -> int:
     ap.add_argument("--no-lookup", action="store_true", help="plain decoding and prefill only")
     ap.add_argument("--out", default="out/vs_llama.json")
     a = ap.parse_args()
+    if len(a.model) > 1:
+        return per_file(a)
+    a.model = a.model[0]
     text, n_prompt = rendered_prompt(a.model)
     pf = Path(tempfile.mkdtemp()) / "prompt.txt"
     pf.write_text(text)
@@ -180,11 +232,7 @@ def main() -> int:
             (f"{backend}: whole request wall s (-n {a.n})", m(f"vkspec {backend} plain", "wall"),
              m(f"llama.cpp {peer} plain", "wall")),
         ]
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    flags = open("/proc/cpuinfo").read()
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
-    print(f"{Path(a.model).name}, {a.rounds} interleaved rounds, medians; {cpu} ({isa}), {os.cpu_count()} cores, "
-          f"{platform.python_version()}; llama.cpp peer: its CPU backend, 2 threads"
+    print(f"{Path(a.model).name}, {a.rounds} interleaved rounds, medians; {machine()}; llama.cpp peer: its CPU backend, 2 threads"
           + ("; vulkan rows: its Vulkan backend on the same device, all layers" if a.peer_vulkan else "") + "\n")
     print("| measure | vkspec | llama.cpp | ratio |\n| --- | --- | --- | --- |")
     for name, ours, theirs in rows:
