@@ -278,8 +278,10 @@ static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q
  * row's last group may be short (Qwen3-MoE's experts: 3 superblocks a row): its missing lanes
  * add +0, which changes no bit (a lane starts at +0 and is never -0).
  * P: 8 n vectors, L: 8 n floats of scratch. */
-static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
-                   int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
+static inline __attribute__((always_inline)) void rows_k_at(
+        const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
+        int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L, const int f) {
+    const int bb = BLOCK_BYTES[f];
     for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
     const I8 none = _mm256_setzero_si256();
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -288,18 +290,18 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
         const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), iota);
         __m256 dw, mw;
         __m256i m16[8];           /* per superblock and group, what multiplies the group's sum of q */
-        sb_floats_held(w->fmt, w->raw + w->block_bytes * b, w->block_bytes, rem, &dw, &mw);
+        sb_floats_held(f, w->raw + bb * b, bb, rem, &dw, &mw);
         for (int j = 0; j < rem; j++) {
-            const uint8_t *raw = w->raw + w->block_bytes * (b + j);
-            const __m128i g = sb_groups_held(w->fmt, raw, &m16[j]);
+            const uint8_t *raw = w->raw + bb * (b + j);
+            const __m128i g = sb_groups_held(f, raw, &m16[j]);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
             __m512i U[4], S[4];
-            sb_held(w->fmt, raw, U);
+            sb_held(f, raw, U);
             lane_scales_held(g, S);
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + 256 * (b + j));
 #else
             __m256i U[8], S[8];
-            sb_values32(w->fmt, raw, U);
+            sb_values32(f, raw, U);
             for (int c = 0; c < 8; c++) S[c] = lane_scale32(g, c);
             for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(U, S, q + r * cols + 256 * (b + j));
 #endif
@@ -321,6 +323,18 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
         }
     }
     for (int64_t r = 0; r < n; r++) y[r * ys] = fold8(L + 8 * r);
+}
+
+/* one instance per format: its shift counts, masks and permutations are constants the loops hoist */
+static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
+                   int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
+    switch (w->fmt) {
+    case F_Q2_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q2_K); return;
+    case F_Q3_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q3_K); return;
+    case F_Q4_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q4_K); return;
+    case F_Q5_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q5_K); return;
+    default:     rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q6_K); return;
+    }
 }
 #endif
 
