@@ -1,0 +1,102 @@
+"""Dev check (needs llama.cpp's source tree, which CI does not have): llama.cpp's
+own convert_hf_to_gguf.py turns the tests' tiny qwen3_5 / qwen3_5_moe
+checkpoints (tests/qwen35_models.py) into qwen35 / qwen35moe GGUF files, with
+the MTP block, without it (--no-mtp) and alone (--mtp); each file must equal
+the one tests/qwen35_models.write makes with the gguf package (every tensor's
+name, type, shape and bytes; every <arch>.* key), and vkspec must run the
+converter's files to the same bytes as the safetensors.
+
+    PYTHONPATH=. python scripts/check_qwen35_converter.py [--llama-cpp DIR] [--keep DIR]
+
+The converter refuses a tokenizer whose pre-tokenizer hash it does not list
+(the tiny BPE's); the check answers "qwen2" for it and touches nothing else.
+"""
+
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(HERE), str(HERE / "tests")]
+
+CONVERT = """import runpy, sys
+sys.path.insert(0, sys.argv.pop(1))
+import conversion.base as b
+b.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+sys.argv[0] = sys.path[0] + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(llama, src, out, *flags):
+    env = dict(os.environ, PYTHONPATH=str(Path(llama) / "gguf-py"))
+    r = subprocess.run([sys.executable, "-c", CONVERT, str(llama), str(src), "--outtype", "f32",
+                        "--outfile", str(out), *flags], env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"converter failed on {src} {flags}:\n{r.stderr[-3000:]}")
+    if "--mtp" in flags:           # it names the file itself: mtp-<name>.gguf in the folder
+        return next(Path(out).glob("mtp-*.gguf"))
+    return Path(out)
+
+
+def same_file(a, b):
+    """Differences between two GGUF files: tensors and the architecture's keys."""
+    import gguf
+    ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
+    arch = ra.fields["general.architecture"].contents()
+    keys = lambda r: {k: f.contents() for k, f in r.fields.items()  # noqa: E731
+                      if k.startswith(arch + ".") or k == "general.architecture"}
+    bad = [f"key {k}: {v!r} != {keys(rb).get(k)!r}" for k, v in keys(ra).items() if keys(rb).get(k) != v]
+    bad += [f"key {k} only in {b.name}" for k in keys(rb) if k not in keys(ra)]
+    ta, tb = ({t.name: t for t in r.tensors} for r in (ra, rb))
+    bad += [f"tensor {n} only in one file" for n in set(ta) ^ set(tb)]
+    for n in set(ta) & set(tb):
+        x, y = ta[n], tb[n]
+        if (x.tensor_type, list(x.shape), x.data.tobytes()) != (y.tensor_type, list(y.shape), y.data.tobytes()):
+            bad.append(f"tensor {n}: {x.tensor_type.name}{list(x.shape)} != {y.tensor_type.name}{list(y.shape)} "
+                       "or its bytes differ")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    found = glob.glob(os.path.expanduser("~/.cache/vkspec-peer/*/vendor/llama.cpp"))
+    ap.add_argument("--llama-cpp", default=found[0] if found else None)
+    ap.add_argument("--keep", default=None, help="folder to keep the files in")
+    args = ap.parse_args()
+    if not args.llama_cpp or not Path(args.llama_cpp, "convert_hf_to_gguf.py").is_file():
+        sys.exit("no llama.cpp source tree (--llama-cpp DIR)")
+    import qwen35_models as q
+    from test_families_gguf import hybrid_run
+
+    from vkspec.loader import load_model
+    root = Path(args.keep or tempfile.mkdtemp())
+    failed = 0
+    for name in ("qwen3_5", "qwen3_5_moe"):
+        src = q.checkpoint(name, root / name)
+        conv = {"with": convert(args.llama_cpp, src, root / f"{name}-conv.gguf"),
+                "none": convert(args.llama_cpp, src, root / f"{name}-conv-nomtp.gguf", "--no-mtp")}
+        (root / f"{name}-mtp").mkdir(exist_ok=True)
+        conv["only"] = convert(args.llama_cpp, src, root / f"{name}-mtp", "--mtp")
+        for mtp, path in conv.items():
+            bad = same_file(path, q.write(src, root / f"{name}-lib-{mtp}.gguf", mtp))
+            failed += bool(bad)
+            print(f"{name} {mtp:>4}: converter file {'==' if not bad else '!='} gguf-package file", *bad[:8],
+                  sep="\n  ")
+        want = hybrid_run(load_model(src, mtp=True))
+        runs = {"with MTP block": load_model(conv["with"]),
+                "--no-mtp + mtp file": load_model(conv["none"], mtp_file=conv["only"])}
+        for what, model in runs.items():
+            ok = model.has_mtp and hybrid_run(model) == want
+            failed += not ok
+            print(f"{name}: vkspec run of the converter's file ({what}) {'==' if ok else '!='} safetensors run")
+    print("FAILED" if failed else "all equal", f"(files in {root})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
