@@ -3,7 +3,7 @@ own convert_hf_to_gguf.py turns the tests' tiny qwen3_5 / qwen3_5_moe
 checkpoints (tests/qwen35_models.py) into qwen35 / qwen35moe GGUF files, with
 the MTP block, without it (--no-mtp) and alone (--mtp); each file must equal
 the one tests/qwen35_models.write makes with the gguf package (every tensor's
-name, type, shape and bytes; every <arch>.* key), and vkspec must run the
+name, type, shape and bytes; every <arch>.* and tokenizer.ggml.* key), and vkspec must run the
 converter's files to the same bytes as the safetensors.
 
     PYTHONPATH=. python scripts/check_qwen35_converter.py [--llama-cpp DIR] [--keep DIR]
@@ -49,7 +49,7 @@ def same_file(a, b):
     ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
     arch = ra.fields["general.architecture"].contents()
     keys = lambda r: {k: f.contents() for k, f in r.fields.items()  # noqa: E731
-                      if k.startswith(arch + ".") or k == "general.architecture"}
+                      if k.startswith((arch + ".", "tokenizer.ggml.")) or k == "general.architecture"}
     bad = [f"key {k}: {v!r} != {keys(rb).get(k)!r}" for k, v in keys(ra).items() if keys(rb).get(k) != v]
     bad += [f"key {k} only in {b.name}" for k in keys(rb) if k not in keys(ra)]
     ta, tb = ({t.name: t for t in r.tensors} for r in (ra, rb))

@@ -131,6 +131,21 @@ def _names(k, v):
     return {f"blk.{blk}.{_LAYER[rest]}": v}
 
 
+def _tokenizer(w, src_dir, vocab_size):
+    """The converter's gpt2 vocabulary (_set_vocab_gpt2): ids without a token
+    are [PADi] (unused), added tokens control, the merges of tokenizer.json."""
+    import gguf
+    tj = json.loads((src_dir / "tokenizer.json").read_text())
+    rev = {i: t for t, i in tj["model"]["vocab"].items()}
+    added = {a["id"] for a in tj["added_tokens"]}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([rev.get(i, f"[PAD{i}]") for i in range(vocab_size)])
+    w.add_token_types([gguf.TokenType.UNUSED if i not in rev else gguf.TokenType.CONTROL if i in added
+                       else gguf.TokenType.NORMAL for i in range(vocab_size)])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
+
+
 def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=None):
     """The converter's GGUF (F32) of a checkpoint; ``drop`` leaves tensors
     out, ``extra_*`` add keys / tensors (the bad-input tests)."""
@@ -169,6 +184,7 @@ def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=Non
     w.add_full_attention_interval(c.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"]))
     w.add_rope_dimension_sections([11, 11, 10, 0])
+    _tokenizer(w, src_dir, c["vocab_size"])
     for k, v in (extra_keys or {}).items():
         w.add_uint32(k, v)
     for name, a in {**tensors(src_dir, mtp), **(extra_tensors or {})}.items():
