@@ -2,7 +2,7 @@
 own convert_hf_to_gguf.py turns the tests' tiny qwen3_5 / qwen3_5_moe
 checkpoints (tests/qwen35_models.py) into qwen35 / qwen35moe GGUF files, with
 the MTP block, without it (--no-mtp) and alone (--mtp); each file must equal
-the one tests/qwen35_models.write makes with the gguf package (every tensor's
+the one tests/qwen35_models.write makes (and so does a q8_0 conversion) with the gguf package (every tensor's
 name, type, shape and bytes; every <arch>.* and tokenizer.ggml.* key), and vkspec must run the
 converter's files to the same bytes as the safetensors.
 
@@ -32,9 +32,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def convert(llama, src, out, *flags):
+def convert(llama, src, out, *flags, outtype="f32"):
     env = dict(os.environ, PYTHONPATH=str(Path(llama) / "gguf-py"))
-    r = subprocess.run([sys.executable, "-c", CONVERT, str(llama), str(src), "--outtype", "f32",
+    r = subprocess.run([sys.executable, "-c", CONVERT, str(llama), str(src), "--outtype", outtype,
                         "--outfile", str(out), *flags], env=env, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"converter failed on {src} {flags}:\n{r.stderr[-3000:]}")
@@ -82,8 +82,10 @@ def main():
                 "none": convert(args.llama_cpp, src, root / f"{name}-conv-nomtp.gguf", "--no-mtp")}
         (root / f"{name}-mtp").mkdir(exist_ok=True)
         conv["only"] = convert(args.llama_cpp, src, root / f"{name}-mtp", "--mtp")
+        conv["q8_0"] = convert(args.llama_cpp, src, root / f"{name}-conv-q8_0.gguf", outtype="q8_0")
         for mtp, path in conv.items():
-            bad = same_file(path, q.write(src, root / f"{name}-lib-{mtp}.gguf", mtp))
+            kw = dict(outtype="q8_0") if mtp == "q8_0" else dict(mtp=mtp)
+            bad = same_file(path, q.write(src, root / f"{name}-lib-{mtp}.gguf", **kw))
             failed += bool(bad)
             print(f"{name} {mtp:>4}: converter file {'==' if not bad else '!='} gguf-package file", *bad[:8],
                   sep="\n  ")

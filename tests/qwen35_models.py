@@ -146,9 +146,27 @@ def _tokenizer(w, src_dir, vocab_size):
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]])
 
 
-def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=None):
-    """The converter's GGUF (F32) of a checkpoint; ``drop`` leaves tensors
-    out, ``extra_*`` add keys / tensors (the bad-input tests)."""
+# kept F32 by the converter's --outtype q8_0 (ModelBase.prepare_tensors): besides
+# vectors, norms and names not ending .weight
+_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
+
+
+def _typed(name, a, outtype):
+    """(data, GGML type) as the converter stores a tensor: Q8_0 where it can,
+    F16 where the row does not fill whole blocks (its QuantError fallback)."""
+    import gguf
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if outtype == "f32" or a.ndim <= 1 or name.endswith(("_norm.weight",) + _F32) or not name.endswith(".weight"):
+        return a, gguf.GGMLQuantizationType.F32
+    try:
+        return gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    except gguf.QuantError:
+        return a.astype(np.float16), gguf.GGMLQuantizationType.F16
+
+
+def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=None, outtype="f32"):
+    """The converter's GGUF (--outtype f32 or q8_0) of a checkpoint; ``drop``
+    leaves tensors out, ``extra_*`` add keys / tensors (the bad-input tests)."""
     import gguf
     c = json.loads((src_dir / "config.json").read_text())
     arch = ARCH[c["model_type"].removesuffix("_text")]
@@ -168,7 +186,7 @@ def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=Non
         w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_key_length(c["head_dim"])
     w.add_value_length(c["head_dim"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if outtype == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     if c.get("num_experts"):
         w.add_expert_feed_forward_length(c["moe_intermediate_size"])
         w.add_expert_shared_feed_forward_length(c["shared_expert_intermediate_size"])
@@ -189,7 +207,8 @@ def write(src_dir, path, mtp="with", drop=(), extra_keys=None, extra_tensors=Non
         w.add_uint32(k, v)
     for name, a in {**tensors(src_dir, mtp), **(extra_tensors or {})}.items():
         if name not in drop:
-            w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+            data, qtype = _typed(name, a, outtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

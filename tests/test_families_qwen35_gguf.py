@@ -152,6 +152,46 @@ def test_block_columns_move_whole_blocks():
         family_qwen35.gather_columns(w.data, 32, 34, family_qwen35.grouped_order(nk, nv, 8), "f", "g")
 
 
+# --- q8_0: ssm_out's blocks of 32 span the tiny value heads of 8 ---------------------------
+
+def fresh(path, **kw):
+    """A model of a file opened again (GgufFile is cached per process)."""
+    from vkspec import gguf_file
+    gguf_file._OPEN.clear()
+    try:
+        return load_model(path, **kw)
+    finally:
+        gguf_file._OPEN.clear()
+
+
+def test_q8_0_file_keeps_the_tiled_heads_and_drafts_exactly(files, tmp_path):
+    m = load_model(q.write(files["st"], tmp_path / "q8.gguf", outtype="q8_0"))
+    assert m.cfg.linear_v_tiled and m.has_mtp
+    plain, got = generate(m, PROMPT[:9], N), spec_run(m)
+    assert got.counters.drafted > 0 and (got.tokens, got.digest) == (plain.tokens, plain.digest)
+
+
+def test_the_tiled_forward_is_the_same_model(files, monkeypatch):
+    """The F32 file read as stored, value head j on key head j % nk: the same
+    model (ids; logits up to the order of ssm_out's sums), not the same bytes."""
+    want = load_model(files["st"], mtp=False)
+    monkeypatch.setattr(family_qwen35.Untile, "movable", lambda self, b: False)
+    got = fresh(files["with"], mtp=False)
+    assert got.cfg.linear_v_tiled
+    _, a = got.forward(PROMPT, got.new_state())
+    _, b = want.forward(PROMPT, want.new_state())
+    assert a.tobytes() != b.tobytes() and np.abs(a - b).max() < 1e-4
+    assert generate(got, PROMPT[:9], N).tokens == generate(want, PROMPT[:9], N).tokens
+
+
+def test_q8_0_file_on_the_device(files, tmp_path, vk):
+    path = q.write(files["st"], tmp_path / "q8.gguf", outtype="q8_0")
+    got, want = hybrid_run(load_model(path, backend="vulkan")), hybrid_run(load_model(path))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a == b, "device and CPU differ"
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 def one_line(path, why, **kw):

@@ -15,9 +15,11 @@ tensors, block_count counting it), and on top:
   ssm_a, ssm_dt.bias, the v channels of ssm_conv1d, and ssm_out's columns.
   vkspec reads them back in grouped order: rows through QWeight.order
   (nothing moves), vectors by indexing, ssm_out's columns by gathering whole
-  blocks of each row (no value is re-encoded; a block format whose block
-  spans two value heads is refused, none of llama.cpp's does at head size 128
-  but the K-quants' 256);
+  blocks of each row (no value is re-encoded), so that an F32 file runs to
+  the bytes of its safetensors. Where ssm_out's blocks span value heads (the
+  K-quants' 256 columns at head size 128) its columns cannot move: the file
+  is then read as stored and the forward maps value head j to key head
+  j % nk (ModelConfig.linear_v_tiled), on both backends;
 * rope.dimension_sections (interleaved MRoPE): a text-only prompt gives every
   section the same position, which is plain RoPE, so it is read and ignored;
 * ``convert_hf_to_gguf.py --mtp`` writes the MTP block alone (``mtp-*.gguf``:
@@ -104,13 +106,26 @@ class Untile:
     def columns(self, g: str) -> np.ndarray | None:
         return self._v(self.dv) if g.endswith("ssm_out.weight") else None
 
+    def movable(self, block_elems: int) -> bool:
+        """Whether ssm_out's columns can come back in a format of blocks of
+        block_elems; where they cannot, the file is read as stored and the
+        forward takes the value heads in tiled order (linear_v_tiled)."""
+        return movable(self._v(self.dv), block_elems)
+
+
+def movable(order: np.ndarray, block_elems: int) -> bool:
+    """Whether a column order moves whole blocks of block_elems columns."""
+    if order.size % block_elems:
+        return False
+    blocks = order.reshape(-1, block_elems)
+    return not (np.any(blocks[:, 0] % block_elems) or np.any(blocks - blocks[:, :1] != np.arange(block_elems)))
+
 
 def gather_columns(data: np.ndarray, block_elems: int, block_bytes: int, order: np.ndarray, path, g) -> np.ndarray:
     """The rows of ``data`` with their columns read in ``order``, moving whole
     blocks (a copy; the bytes of each block unchanged)."""
-    blocks = order.reshape(-1, block_elems) if order.size % block_elems == 0 else None
-    if blocks is None or np.any(blocks[:, 0] % block_elems) or \
-            np.any(blocks - blocks[:, :1] != np.arange(block_elems)):
+    blocks = order.reshape(-1, block_elems)
+    if not movable(order, block_elems):
         raise VkspecError(f"{path}: tensor {g} stores value heads across its blocks of {block_elems} columns; "
                           "vkspec cannot read them back in order without re-encoding")
     rows = data.shape[0]

@@ -65,11 +65,15 @@ class GgufFile:
         self.family = families.gguf_arch(self.arch, self.path)
         blocks = self.meta(f"{self.arch}.block_count")
         self.n_trunk = int(blocks or 0) - int(self.meta(f"{self.arch}.nextn_predict_layers", 0) or 0)
-        self.untile = None
+        self.untile, self.v_tiled = None, False
         if self.family.untile:
             family_qwen35.check(self.arch, list(self.g.metadata), self.tensors, self.family.layer.values(),
                                 self.path, int(blocks or 0))
             self.untile = family_qwen35.Untile(self.meta, self.arch, self.path)
+            self.v_tiled = not all(self.untile.movable(FORMATS[self._fmt(g, t)].block_elems)
+                                   for g, t in self.tensors.items() if g.endswith("ssm_out.weight"))
+            if self.v_tiled:
+                self.untile = None
 
     def meta(self, key, default=None):
         if key in self._let_go:             # rare: read the header again
@@ -104,6 +108,8 @@ class GgufFile:
         """Made once per process (a copy each time: callers may edit theirs)."""
         if self._config is None:
             self._config = families.gguf_config(self.family, self.arch, self.meta, self.tensors, self.path)
+            if self.v_tiled:
+                self._config["vkspec"]["linear_v_tiled"] = True
         return copy.deepcopy(self._config)
 
     # --- tensors ------------------------------------------------------------------------
