@@ -230,7 +230,7 @@ def test_another_models_mtp_file_is_one_line(files, tmp_path):
 
 
 @pytest.mark.parametrize("files", ["qwen3_5"], indirect=True)
-def test_cli_run_takes_mtp_file(files):
+def test_cli_run_takes_mtp_file_and_says_once_when_there_is_none(files):
     def run(*args):
         r = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(files["alone"]), "--prompt-ids",
                             ",".join(map(str, PROMPT[:9])), "-n", "12", "--json", *args],
@@ -238,6 +238,9 @@ def test_cli_run_takes_mtp_file(files):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
     plain = run("--spec", "off")
+    r = subprocess.run([sys.executable, "-m", "vkspec.cli", "run", str(files["alone"]), "--prompt-ids", "3,4",
+                        "-n", "2", "--spec", "auto"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr.count("no MTP head") == 1, r.stderr
     drafted = run("--spec", "mtp", "--no-gate", "--mtp-file", str(files["mtp"]))
     assert (drafted["tokens"], drafted["digest"]) == (plain["tokens"], plain["digest"])
     assert drafted["drafted"] > 0

@@ -196,6 +196,9 @@ def _spec_config(args):
                            spec_gate_pstep=True if args.pstep else None)
 
 
+MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
 def _load_for_spec(args, cfg, tier):
     """The model, with its MTP head when the mode drafts from it (mtp requires
     one, auto takes it when the checkpoint has one). With --fallback cpu, a
@@ -205,16 +208,21 @@ def _load_for_spec(args, cfg, tier):
     from .loader import load_model
     mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
     try:
-        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
-                          device_gb=args.device_gb,
-                          mtp=mtp, tier=tier, ctx=args.ctx, mtp_file=args.mtp_file)
+        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
+                           device_gb=args.device_gb,
+                           mtp=mtp, tier=tier, ctx=args.ctx, mtp_file=args.mtp_file)
     except DeviceError as e:
         if args.fallback != "cpu" or args.backend == "cpu":
             raise
         print(f"vkspec: {e}; running on the CPU (--fallback cpu)", file=sys.stderr, flush=True)
         args.fell_back = "load"
-        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
-                          ctx=args.ctx, mtp_file=args.mtp_file)
+        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
+                           ctx=args.ctx, mtp_file=args.mtp_file)
+    if cfg.spec_mode == "auto" and not model.has_mtp and model.cfg.model_type in MTP_FAMILIES:
+        # a family whose releases carry the head: a file converted without it should say so
+        print(f"vkspec: {args.model}: no MTP head (no nextn tensors, no mtp-*.gguf beside it, no --mtp-file); "
+              "drafting from prompt lookup only", file=sys.stderr, flush=True)
+    return model
 
 
 def _fallback(args, model):
