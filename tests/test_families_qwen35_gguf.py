@@ -244,3 +244,6 @@ def test_cli_run_takes_mtp_file_and_says_once_when_there_is_none(files):
     drafted = run("--spec", "mtp", "--no-gate", "--mtp-file", str(files["mtp"]))
     assert (drafted["tokens"], drafted["digest"]) == (plain["tokens"], plain["digest"])
     assert drafted["drafted"] > 0
+    r = subprocess.run([sys.executable, "-m", "vkspec.cli", "plan", str(files["alone"]), "--json", "--mtp-file",
+                        str(files["mtp"])], capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["mtp_head"] > 0, r.stderr

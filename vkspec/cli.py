@@ -181,7 +181,7 @@ def _plan(args) -> int:
     from .tier.resident import TierConfig
     tier = TierConfig(budget_gb=args.budget_gb) if args.budget_gb is not None else None
     d = plan(args.model, fmt=args.dtype, ctx=args.ctx, tier=tier, snapshots=args.snapshots,
-             drafts=args.drafts, activations=args.activations)
+             drafts=args.drafts, activations=args.activations, mtp_file=args.mtp_file)
     print(json.dumps(d) if args.json else table(d))
     return 0
 
