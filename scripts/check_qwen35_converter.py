@@ -4,7 +4,8 @@ checkpoints (tests/qwen35_models.py) into qwen35 / qwen35moe GGUF files, with
 the MTP block, without it (--no-mtp) and alone (--mtp); each file must equal
 the one tests/qwen35_models.write makes (and so does a q8_0 conversion) with the gguf package (every tensor's
 name, type, shape and bytes; every <arch>.* and tokenizer.ggml.* key), and vkspec must run the
-converter's files to the same bytes as the safetensors.
+converter's F32 files to the same bytes as the safetensors, and its q8_0 file
+(value heads kept tiled) to the same ids and digest with MTP drafts as without.
 
     PYTHONPATH=. python scripts/check_qwen35_converter.py [--llama-cpp DIR] [--keep DIR]
 
@@ -71,7 +72,10 @@ def main():
     if not args.llama_cpp or not Path(args.llama_cpp, "convert_hf_to_gguf.py").is_file():
         sys.exit("no llama.cpp source tree (--llama-cpp DIR)")
     import qwen35_models as q
-    from test_families_gguf import hybrid_run
+    from test_families_gguf import PROMPT, hybrid_run
+    from test_families_qwen35_gguf import spec_run
+
+    from vkspec.speculative import generate
 
     from vkspec.loader import load_model
     root = Path(args.keep or tempfile.mkdtemp())
@@ -96,6 +100,11 @@ def main():
             ok = model.has_mtp and hybrid_run(model) == want
             failed += not ok
             print(f"{name}: vkspec run of the converter's file ({what}) {'==' if ok else '!='} safetensors run")
+        model = load_model(conv["q8_0"])          # its own bytes: MTP drafts against plain decoding
+        plain, drafted = generate(model, PROMPT[:9], 24), spec_run(model)
+        ok = model.cfg.linear_v_tiled and (plain.tokens, plain.digest) == (drafted.tokens, drafted.digest)
+        failed += not ok
+        print(f"{name}: the converter's q8_0 file, tiled heads, MTP drafts {'==' if ok else '!='} plain decoding")
     print("FAILED" if failed else "all equal", f"(files in {root})")
     return 1 if failed else 0
 
