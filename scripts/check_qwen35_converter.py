@@ -71,14 +71,17 @@ def main():
     args = ap.parse_args()
     if not args.llama_cpp or not Path(args.llama_cpp, "convert_hf_to_gguf.py").is_file():
         sys.exit("no llama.cpp source tree (--llama-cpp DIR)")
+    with tempfile.TemporaryDirectory() as tmp:
+        return check(args, Path(args.keep or tmp))
+
+
+def check(args, root):
     import qwen35_models as q
     from test_families_gguf import PROMPT, hybrid_run
     from test_families_qwen35_gguf import spec_run
 
-    from vkspec.speculative import generate
-
     from vkspec.loader import load_model
-    root = Path(args.keep or tempfile.mkdtemp())
+    from vkspec.speculative import generate
     failed = 0
     for name in ("qwen3_5", "qwen3_5_moe"):
         src = q.checkpoint(name, root / name)
@@ -105,7 +108,7 @@ def main():
         ok = model.cfg.linear_v_tiled and (plain.tokens, plain.digest) == (drafted.tokens, drafted.digest)
         failed += not ok
         print(f"{name}: the converter's q8_0 file, tiled heads, MTP drafts {'==' if ok else '!='} plain decoding")
-    print("FAILED" if failed else "all equal", f"(files in {root})")
+    print("FAILED" if failed else "all equal", f"(files in {root})" if args.keep else "")
     return 1 if failed else 0
 
 

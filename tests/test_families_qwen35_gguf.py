@@ -112,6 +112,7 @@ def test_gguf_on_the_device(files, mtp, vk):
         plain = generate(load_model(files["st"], mtp=False), PROMPT[:9], N)
         res = spec_run(dev)
         assert (res.tokens, res.digest) == (plain.tokens, plain.digest)
+        assert hybrid_run(load_model(files["split"], backend="vulkan")) == want     # the head from mtp-model.gguf
 
 
 def test_tiled_value_heads_are_read_back_in_grouped_order(files, monkeypatch):

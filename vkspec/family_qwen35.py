@@ -124,9 +124,9 @@ def movable(order: np.ndarray, block_elems: int) -> bool:
 def gather_columns(data: np.ndarray, block_elems: int, block_bytes: int, order: np.ndarray, path, g) -> np.ndarray:
     """The rows of ``data`` with their columns read in ``order``, moving whole
     blocks (a copy; the bytes of each block unchanged)."""
-    blocks = order.reshape(-1, block_elems)
     if not movable(order, block_elems):
         raise VkspecError(f"{path}: tensor {g} stores value heads across its blocks of {block_elems} columns; "
                           "vkspec cannot read them back in order without re-encoding")
+    blocks = order.reshape(-1, block_elems)
     rows = data.shape[0]
     return np.ascontiguousarray(data.reshape(rows, -1, block_bytes)[:, blocks[:, 0] // block_elems]).reshape(rows, -1)

@@ -202,7 +202,7 @@ class GgufFile:
         tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                   ignore_merges=False))
         pre = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-        if self.meta("tokenizer.ggml.pre") in ("smollm", "qwen2", "llama-bpe", "deepseek-llm"):
+        if self.meta("tokenizer.ggml.pre") in ("smollm", "qwen2", "qwen35", "llama-bpe", "deepseek-llm"):
             pre.insert(0, pre_tokenizers.Digits(individual_digits=True))
         tk.pre_tokenizer = pre_tokenizers.Sequence(pre)
         tk.decoder = decoders.ByteLevel()
