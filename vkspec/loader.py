@@ -241,6 +241,7 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     if activations not in ACTIVATIONS:
         raise VkspecError(f"unknown activations {activations!r} ({', '.join(ACTIVATIONS)})")
     from .backends.cpu.fpenv import ensure_ieee
+    from .gguf_file import is_gguf
     # the sampler computes on the CPU with NumPy on both backends; numba
     # runs only the CPU model's ops and the tier's CPU experts
     ensure_ieee(numba=backend == "cpu" or tier is not None)
@@ -253,7 +254,8 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
             raise VkspecError(f"{model_dir}: {problems[0]}; run it with --backend cpu")
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
-        raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
+        where = "no nextn tensors, no mtp-*.gguf beside it" if is_gguf(model_dir) else "mtp.fc.weight"
+        raise VkspecError(f"{model_dir}: the checkpoint has no MTP head ({where})")
     weights = Loader(cfg, ckpt, fmt).load(want_mtp)
     set_activations(weights, activations)
     if backend == "vulkan":
