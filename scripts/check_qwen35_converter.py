@@ -6,6 +6,9 @@ the one tests/qwen35_models.write makes (and so does a q8_0 conversion) with the
 name, type, shape and bytes; every <arch>.* and tokenizer.ggml.* key), and vkspec must run the
 converter's F32 files to the same bytes as the safetensors, and its q8_0 file
 (value heads kept tiled) to the same ids and digest with MTP drafts as without.
+Where llama.cpp's llama-completion is built, its greedy text of a converted
+file must equal vkspec's (a checkpoint with dk == dv and 64 rope dims: what
+llama.cpp's qwen35 graph assumes).
 
     PYTHONPATH=. python scripts/check_qwen35_converter.py [--llama-cpp DIR] [--keep DIR]
 
@@ -44,6 +47,36 @@ def convert(llama, src, out, *flags, outtype="f32"):
     return Path(out)
 
 
+# llama.cpp's qwen35 graph takes the value head size from ssm.state_size (dk) and
+# needs rope dims >= 2 x the MRoPE sections' 32: a checkpoint it can run
+LLAMA_RUNNABLE = dict(linear_value_head_dim=16, head_dim=64,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})
+
+
+def gpt2_bytes(tokens, ids) -> bytes:
+    """The bytes of byte-level BPE tokens (GPT-2's byte <-> unicode table)."""
+    bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    cs = bs[:] + [256 + n for n in range(256 - len(bs))]
+    bs += [b for b in range(256) if b not in bs]
+    u2b = {chr(c): b for b, c in zip(bs, cs)}
+    return bytes(u2b[ch] for i in ids for ch in tokens[i])
+
+
+def vs_llama_cpp(binary, path, prompt="hello world, the quick brown fox", n=16):
+    """llama-completion's greedy text of a file against vkspec's (same prompt text)."""
+    from vkspec.gguf_file import open_gguf
+    from vkspec.loader import load_model
+    from vkspec.speculative import generate
+    r = subprocess.run([str(binary), "-m", str(path), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv",
+                        "--no-display-prompt", "-t", "1", "--no-warmup", "-c", "256"], capture_output=True,
+                       env=dict(os.environ, LD_LIBRARY_PATH=str(Path(binary).parent)))
+    f = open_gguf(path)
+    ids = f.tokenizer().encode(prompt).ids
+    mine = gpt2_bytes(f.meta("tokenizer.ggml.tokens"), generate(load_model(path), ids, n).tokens)
+    theirs = r.stdout.removesuffix(b"\n\n")          # llama-completion ends its output so
+    return r.returncode == 0 and mine == theirs, mine, theirs
+
+
 def same_file(a, b):
     """Differences between two GGUF files: tensors and the architecture's keys."""
     import gguf
@@ -68,6 +101,9 @@ def main():
     found = glob.glob(os.path.expanduser("~/.cache/vkspec-peer/*/vendor/llama.cpp"))
     ap.add_argument("--llama-cpp", default=found[0] if found else None)
     ap.add_argument("--keep", default=None, help="folder to keep the files in")
+    ap.add_argument("--llama-completion", default=os.path.expanduser("~/.cache/vkspec-peer/build-cpu/bin/"
+                                                                      "llama-completion"),
+                    help="llama.cpp's binary, to compare greedy texts with (skipped when absent)")
     args = ap.parse_args()
     if not args.llama_cpp or not Path(args.llama_cpp, "convert_hf_to_gguf.py").is_file():
         sys.exit("no llama.cpp source tree (--llama-cpp DIR)")
@@ -108,6 +144,13 @@ def check(args, root):
         ok = model.cfg.linear_v_tiled and (plain.tokens, plain.digest) == (drafted.tokens, drafted.digest)
         failed += not ok
         print(f"{name}: the converter's q8_0 file, tiled heads, MTP drafts {'==' if ok else '!='} plain decoding")
+        if Path(args.llama_completion).is_file():
+            src = q.checkpoint(name, root / f"{name}-llama", **LLAMA_RUNNABLE)
+            ok, mine, theirs = vs_llama_cpp(args.llama_completion, convert(args.llama_cpp, src,
+                                                                           root / f"{name}-llama.gguf"))
+            failed += not ok
+            print(f"{name}: greedy text of the converter's file, llama.cpp {'==' if ok else '!='} vkspec"
+                  + ("" if ok else f": {theirs!r} / {mine!r}"))
     print("FAILED" if failed else "all equal", f"(files in {root})" if args.keep else "")
     return 1 if failed else 0
 

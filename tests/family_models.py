@@ -18,7 +18,8 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 def _model(name, **over):
     import transformers as T
-    base = {**BASE, **over}
+    base = {**BASE, **{k: v for k, v in over.items() if k not in HYBRID}}
+    hybrid = {**HYBRID, **{k: v for k, v in over.items() if k in HYBRID}}
     no_inter = {k: v for k, v in base.items() if k != "intermediate_size"}
     theta = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
     return {
@@ -34,12 +35,12 @@ def _model(name, **over):
         # what a GGUF can say: every layer MoE, renormalised
         "qwen3_moe_all": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**base, head_dim=16, **MOE,
                                                                        norm_topk_prob=True)),
-        "qwen3_5": lambda: T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**base, **HYBRID)),
+        "qwen3_5": lambda: T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**base, **hybrid)),
         "qwen3_5_moe": lambda: T.Qwen3_5MoeForCausalLM(T.Qwen3_5MoeTextConfig(
-            **no_inter, **HYBRID, **MOE, shared_expert_intermediate_size=48)),
+            **no_inter, **hybrid, **MOE, shared_expert_intermediate_size=48)),
         # the Hub's layout: model.language_model.*, model.visual.*, text_config
         "qwen3_5_composite": lambda: T.Qwen3_5ForConditionalGeneration(T.Qwen3_5Config(
-            text_config={**base, **HYBRID},
+            text_config={**base, **hybrid},
             vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                                patch_size=4, num_position_embeddings=16))),
     }[name]()

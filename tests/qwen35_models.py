@@ -19,7 +19,7 @@ from family_models import add_mtp, build
 ARCH = {"qwen3_5": "qwen35", "qwen3_5_moe": "qwen35moe"}
 
 
-def checkpoint(name, out_dir, seed=0, vocab=320):
+def checkpoint(name, out_dir, seed=0, vocab=320, **over):
     """The transformers model's weights and a random MTP head, saved; each
     A_log redrawn until torch's float32 exp (the converter's -exp(A_log)) and
     vkspec's exact exp agree on it, so that the file's decays are the ones
@@ -28,7 +28,7 @@ def checkpoint(name, out_dir, seed=0, vocab=320):
     (256 bytes and a special token) that the converter needs."""
     from vkspec import exact
     from vkspec.tiny import make_tokenizer
-    build(name, out_dir, seed, vocab_size=vocab)
+    build(name, out_dir, seed, vocab_size=vocab, **over)
     add_mtp(out_dir)
     make_tokenizer(vocab).save(str(out_dir / "tokenizer.json"))
     path = out_dir / "model.safetensors"
