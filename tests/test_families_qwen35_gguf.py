@@ -97,6 +97,13 @@ def test_the_mtp_file_beside_the_model_is_its_head(files):
     named = load_model(files["alone"], mtp_file=files["mtp"])
     assert named.has_mtp and hybrid_run(named) == want
     assert not load_model(files["alone"]).has_mtp
+    other = files["alone"].parent / "mtp-other.gguf"     # another architecture's head beside it: not this one's
+    q.write(q.checkpoint("qwen3_5" if files["arch"] == "qwen35moe" else "qwen3_5_moe", files["alone"].parent / "o"),
+            other, "only")
+    try:
+        assert not load_model(files["alone"]).has_mtp
+    finally:
+        other.unlink()
     assert not load_model(files["split"], mtp=False).has_mtp
 
 

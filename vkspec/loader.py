@@ -215,10 +215,11 @@ def with_mtp_file(model_dir, ckpt, mtp: bool | None, mtp_file=None):
     from .gguf_file import is_gguf, open_gguf
     from .mtp_file import WithMtpFile, beside
     if mtp_file is None:
-        if mtp is False or not is_gguf(model_dir) or has_mtp(ckpt):
+        # only the hybrids' releases carry a head; a file beside another model is not its head
+        if mtp is False or not is_gguf(model_dir) or has_mtp(ckpt) or not ckpt.family.hybrid:
             return ckpt
         mtp_file = beside(model_dir)
-        if mtp_file is None:
+        if mtp_file is None or open_gguf(mtp_file).arch != ckpt.arch:
             return ckpt
     elif not is_gguf(model_dir):
         raise VkspecError(f"{model_dir}: --mtp-file goes with a .gguf model (a checkpoint folder has its mtp.* "
