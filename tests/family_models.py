@@ -153,13 +153,15 @@ def write_gguf(model, path, arch: str):
     return path
 
 
-def write_qwen3next_gguf(src_dir, path, mtp: bool):
+def write_qwen3next_gguf(src_dir, path, mtp: bool, only: bool = False):
     """A qwen3next GGUF of a vkspec tiny hybrid (vkspec.tiny: Qwen3-Next's
     names, MoE with a shared expert, optional MTP head), with llama.cpp's
     names and transforms (families.md §7): attn_qkv + attn_gate from the
     grouped in_proj_qkvz, ssm_ba as stored, ssm_a = -exp(A_log) (vkspec's exact
     exp: bit-identical decays), every norm but ssm_norm stored as 1 + w,
-    block_count counting the MTP block, its tensors under blk.L.nextn.*."""
+    block_count counting the MTP block, its tensors under blk.L.nextn.*.
+    ``only``: the MTP block alone, as convert_hf_to_gguf.py --mtp writes it
+    (with token_embd, output_norm and output)."""
     from vkspec import exact
     c = json.loads((src_dir / "config.json").read_text())
     t = load_file(str(src_dir / "model.safetensors"))
@@ -227,6 +229,7 @@ def write_qwen3next_gguf(src_dir, path, mtp: bool):
                        ("norm", "shared_head_norm")):
             out[f"blk.{L}.nextn.{gg}.weight"] = one + t[f"mtp.{hf}.weight"]
     for name, a in out.items():
-        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+        if not only or not name.startswith("blk.") or name.startswith(f"blk.{L}."):
+            w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
     _close(w)
     return path
