@@ -16,38 +16,41 @@ HYBRID = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, lin
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 
-def _model(name):
+def _model(name, **over):
     import transformers as T
-    no_inter = {k: v for k, v in BASE.items() if k != "intermediate_size"}
+    base = {**BASE, **{k: v for k, v in over.items() if k not in HYBRID}}
+    hybrid = {**HYBRID, **{k: v for k, v in over.items() if k in HYBRID}}
+    no_inter = {k: v for k, v in base.items() if k != "intermediate_size"}
     theta = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
     return {
         # q, k, v biases; rope base 1e6
-        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**BASE, **theta)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**base, **theta)),
         # q/k norms, attention_bias: q, k, v and o biases
-        "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**BASE, head_dim=16, attention_bias=True)),
+        "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**base, head_dim=16, attention_bias=True)),
         # head_dim 128: transformers' qwen3 GGUF loader reads no key_length (families.md §3)
-        "qwen3_hd128": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**BASE, head_dim=128)),
+        "qwen3_hd128": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**base, head_dim=128)),
         # no shared expert; layer 1 dense
-        "qwen3_moe": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**BASE, head_dim=16, **MOE, norm_topk_prob=True,
+        "qwen3_moe": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**base, head_dim=16, **MOE, norm_topk_prob=True,
                                                                    mlp_only_layers=[1])),
         # what a GGUF can say: every layer MoE, renormalised
-        "qwen3_moe_all": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**BASE, head_dim=16, **MOE,
+        "qwen3_moe_all": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(**base, head_dim=16, **MOE,
                                                                        norm_topk_prob=True)),
-        "qwen3_5": lambda: T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**BASE, **HYBRID)),
+        "qwen3_5": lambda: T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**base, **hybrid)),
         "qwen3_5_moe": lambda: T.Qwen3_5MoeForCausalLM(T.Qwen3_5MoeTextConfig(
-            **no_inter, **HYBRID, **MOE, shared_expert_intermediate_size=48)),
+            **no_inter, **hybrid, **MOE, shared_expert_intermediate_size=48)),
         # the Hub's layout: model.language_model.*, model.visual.*, text_config
         "qwen3_5_composite": lambda: T.Qwen3_5ForConditionalGeneration(T.Qwen3_5Config(
-            text_config={**BASE, **HYBRID},
+            text_config={**base, **hybrid},
             vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                                patch_size=4, num_position_embeddings=16))),
     }[name]()
 
 
-def build(name: str, out_dir, seed: int = 0):
-    """The model (float32, eval) with every parameter drawn again, saved to out_dir."""
+def build(name: str, out_dir, seed: int = 0, **over):
+    """The model (float32, eval) with every parameter drawn again, saved to
+    out_dir; ``over``: config fields other than BASE's."""
     torch.manual_seed(seed)
-    model = _model(name).float().eval()
+    model = _model(name, **over).float().eval()
     plus_one = name.startswith("qwen3_5")          # (1 + w) norms: w near 0; plain norms: w near 1
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -150,13 +153,15 @@ def write_gguf(model, path, arch: str):
     return path
 
 
-def write_qwen3next_gguf(src_dir, path, mtp: bool):
+def write_qwen3next_gguf(src_dir, path, mtp: bool, only: bool = False):
     """A qwen3next GGUF of a vkspec tiny hybrid (vkspec.tiny: Qwen3-Next's
     names, MoE with a shared expert, optional MTP head), with llama.cpp's
     names and transforms (families.md §7): attn_qkv + attn_gate from the
     grouped in_proj_qkvz, ssm_ba as stored, ssm_a = -exp(A_log) (vkspec's exact
     exp: bit-identical decays), every norm but ssm_norm stored as 1 + w,
-    block_count counting the MTP block, its tensors under blk.L.nextn.*."""
+    block_count counting the MTP block, its tensors under blk.L.nextn.*.
+    ``only``: the MTP block alone, as convert_hf_to_gguf.py --mtp writes it
+    (with token_embd, output_norm and output)."""
     from vkspec import exact
     c = json.loads((src_dir / "config.json").read_text())
     t = load_file(str(src_dir / "model.safetensors"))
@@ -224,6 +229,7 @@ def write_qwen3next_gguf(src_dir, path, mtp: bool):
                        ("norm", "shared_head_norm")):
             out[f"blk.{L}.nextn.{gg}.weight"] = one + t[f"mtp.{hf}.weight"]
     for name, a in out.items():
-        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+        if not only or not name.startswith("blk.") or name.startswith(f"blk.{L}."):
+            w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
     _close(w)
     return path

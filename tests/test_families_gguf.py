@@ -9,7 +9,8 @@ GGUFWriter as llama.cpp's converter names them (families.md §2-§4, §7).
   ssm_a = -exp(A_log), norms stored 1 + w, block_count counting the MTP
   block, nextn.*), from vkspec's tiny hybrid: no transformers loader exists,
   so its run must equal the safetensors run byte for byte, with and without
-  the MTP head, on both backends.
+  the MTP head (in the file, or alone in an mtp-*.gguf beside it), on both
+  backends. qwen35 / qwen35moe: test_families_qwen35_gguf.py.
 """
 
 import numpy as np
@@ -145,6 +146,15 @@ def test_qwen3next_gguf_config(hybrid):
 def test_qwen3next_gguf_equals_the_safetensors_run(hybrid, mtp):
     d, paths = hybrid
     assert hybrid_run(load_model(paths[mtp])) == hybrid_run(load_model(d, mtp=mtp))
+
+
+def test_qwen3next_mtp_file_beside_the_model(hybrid, tmp_path):
+    """convert_hf_to_gguf.py --no-mtp and --mtp: the head from mtp-<name>.gguf."""
+    d, paths = hybrid
+    write_qwen3next_gguf(d, tmp_path / "mtp-model.gguf", True, only=True)
+    (tmp_path / "model.gguf").symlink_to(paths[False])
+    model = load_model(tmp_path / "model.gguf")
+    assert model.has_mtp and hybrid_run(model) == hybrid_run(load_model(d, mtp=True))
 
 
 @pytest.mark.parametrize("mtp", [False, True])

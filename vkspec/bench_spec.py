@@ -62,7 +62,7 @@ def encode_prompt(model_dir, prompt) -> list[int]:
 
 def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "auto"), n: int = 96,
         dtype: str = "f32", prompts=("code-edit", "chat"), out_dir=None, progress=True,
-        rounds: int = 1, activations: str = "q8") -> list[dict]:
+        rounds: int = 1, activations: str = "q8", mtp_file=None) -> list[dict]:
     """One row per (backend, prompt, mode). With rounds > 1 the modes run
     interleaved that many times and tok/s, TTFT and tokens per forward are
     medians (the gate's choices, so the counters, depend on measured time);
@@ -79,7 +79,7 @@ def run(model_dir, backends=("cpu", "vulkan"), modes=("off", "lookup", "mtp", "a
     bar = tqdm(total=len(backends) * len(prompts) * len(modes) * rounds, desc="vkspec bench", unit="run",
                disable=not progress)
     for backend in backends:
-        model = load_model(model_dir, fmt=dtype, backend=backend, activations=activations)
+        model = load_model(model_dir, fmt=dtype, backend=backend, activations=activations, mtp_file=mtp_file)
         # every shape the runs will meet, recorded now
         model.warm(max(len(encode_prompt(model_dir, PROMPTS[p])) for p in prompts) + n + 8,
                    copies=SpecConfig().spec_mtp_recurrent_snapshots,

@@ -149,7 +149,7 @@ def _bench(args) -> int:
             raise VkspecError(f"--rounds must be at least 1, got {args.rounds}")
         rows = run(args.model, backends=args.backends.split(","), modes=args.modes.split(","), n=args.n,
                    dtype=args.dtype, prompts=args.prompts.split(","), out_dir=args.out, rounds=args.rounds,
-                   activations=args.activations)
+                   activations=args.activations, mtp_file=args.mtp_file)
         if args.json:
             print(json.dumps([{k: v for k, v in r.items() if k != "text"} for r in rows]))
         else:
@@ -160,7 +160,7 @@ def _bench(args) -> int:
     cfg, ckpt = open_checkpoint(args.model, args.dtype)
     per_token = bench.weight_bytes_per_token(Loader(cfg, ckpt, args.dtype).load(False), cfg)
     model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
-                       device_gb=args.device_gb)
+                       device_gb=args.device_gb, mtp_file=args.mtp_file)
     out = bench.run(model, reps=args.reps)
     out.update(dtype=args.dtype, activations=args.activations, weight_bytes_per_token=per_token,
                file_bytes=ckpt.file_bytes())
@@ -181,7 +181,7 @@ def _plan(args) -> int:
     from .tier.resident import TierConfig
     tier = TierConfig(budget_gb=args.budget_gb) if args.budget_gb is not None else None
     d = plan(args.model, fmt=args.dtype, ctx=args.ctx, tier=tier, snapshots=args.snapshots,
-             drafts=args.drafts, activations=args.activations)
+             drafts=args.drafts, activations=args.activations, mtp_file=args.mtp_file)
     print(json.dumps(d) if args.json else table(d))
     return 0
 
@@ -196,6 +196,9 @@ def _spec_config(args):
                            spec_gate_pstep=True if args.pstep else None)
 
 
+MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
 def _load_for_spec(args, cfg, tier):
     """The model, with its MTP head when the mode drafts from it (mtp requires
     one, auto takes it when the checkpoint has one). With --fallback cpu, a
@@ -205,16 +208,21 @@ def _load_for_spec(args, cfg, tier):
     from .loader import load_model
     mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
     try:
-        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
-                          device_gb=args.device_gb,
-                          mtp=mtp, tier=tier, ctx=args.ctx)
+        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
+                           device_gb=args.device_gb,
+                           mtp=mtp, tier=tier, ctx=args.ctx, mtp_file=args.mtp_file)
     except DeviceError as e:
         if args.fallback != "cpu" or args.backend == "cpu":
             raise
         print(f"vkspec: {e}; running on the CPU (--fallback cpu)", file=sys.stderr, flush=True)
         args.fell_back = "load"
-        return load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
-                          ctx=args.ctx)
+        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
+                           ctx=args.ctx, mtp_file=args.mtp_file)
+    if cfg.spec_mode == "auto" and not model.has_mtp and model.cfg.model_type in MTP_FAMILIES:
+        # a family whose releases carry the head: a file converted without it should say so
+        print(f"vkspec: {args.model}: no MTP head (no nextn tensors, no mtp-*.gguf beside it, no --mtp-file); "
+              "drafting from prompt lookup only", file=sys.stderr, flush=True)
+    return model
 
 
 def _fallback(args, model):
@@ -226,7 +234,7 @@ def _fallback(args, model):
     from .speculative.fallback import Fallback
     return Fallback(lambda: load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu",
                                        mtp=model.has_mtp,
-                                       ctx=model.ctx))
+                                       ctx=model.ctx, mtp_file=args.mtp_file))
 
 
 def _tier(args, model_dir):
@@ -338,6 +346,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
 
     model = parser()
     model.add_argument("model", help="a checkpoint directory or a .gguf file")
+    model.add_argument("--mtp-file", default=None,
+                       help="an MTP-only GGUF (convert_hf_to_gguf.py --mtp) for a .gguf model; "
+                            "default: mtp-*.gguf beside it")
     model.add_argument("--dtype", choices=["f32", "int8", "int4-g64"], default="f32",
                        help="quantise a safetensors checkpoint's matrices while loading")
     model.add_argument("--activations", choices=["f32", "q8"], default="q8",

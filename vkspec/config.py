@@ -34,6 +34,9 @@ class ModelConfig:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 4
+    # value head j reads key head j % nk: llama.cpp's tiled order, kept where a
+    # GGUF's ssm_out blocks span value heads (family_qwen35); else j // (nv / nk)
+    linear_v_tiled: bool = False
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from . import family_gemma3
+from . import family_gemma3, family_qwen35
 from .errors import VkspecError
 from .gguf_keys import attention_shape, needer
 
@@ -157,6 +157,7 @@ class GgufArch:
     stored_plus_one: bool = False     # norms written as 1 + w (then norm_plus_one is off)
     config: object = None             # (meta, tensors, path) -> config dict, for a family of its own
     tokenizer: object = None          # (meta, path) -> a SentencePiece vocabulary as a tokenizers BPE
+    untile: bool = False              # value heads tiled, unknown keys and tensors refused (family_qwen35)
 
 
 GGUF_ARCHS: dict[str, GgufArch] = {
@@ -165,6 +166,8 @@ GGUF_ARCHS: dict[str, GgufArch] = {
     "qwen3": GgufArch("qwen3"),
     "qwen3moe": GgufArch("qwen3_moe"),
     "qwen3next": GgufArch("qwen3_next", layer=_QWEN3NEXT, hybrid=True, stored_plus_one=True),
+    **{a: GgufArch(mt, layer={**_QWEN3NEXT, **family_qwen35.GGUF_LAYER_NAMES}, hybrid=True, stored_plus_one=True,
+                   untile=True) for a, mt in family_qwen35.ARCHS.items()},
     family_gemma3.GGUF_ARCH: GgufArch("gemma3_text", layer=family_gemma3.GGUF_LAYER_NAMES, stored_plus_one=True,
                                       config=family_gemma3.gguf_config, tokenizer=family_gemma3.tokenizer),
 }

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import families
+from . import families, family_qwen35
 from .errors import VkspecError
 from .formats import ggml
 from .formats.matrix import FORMATS, QWeight, dequantize, no_scales
@@ -65,6 +65,15 @@ class GgufFile:
         self.family = families.gguf_arch(self.arch, self.path)
         blocks = self.meta(f"{self.arch}.block_count")
         self.n_trunk = int(blocks or 0) - int(self.meta(f"{self.arch}.nextn_predict_layers", 0) or 0)
+        self.untile, self.v_tiled = None, False
+        if self.family.untile:
+            family_qwen35.check(self.arch, list(self.g.metadata), self.tensors, self.family.layer.values(),
+                                self.path, int(blocks or 0))
+            self.untile = family_qwen35.Untile(self.meta, self.arch, self.path)
+            self.v_tiled = not all(self.untile.movable(FORMATS[self._fmt(g, t)].block_elems)
+                                   for g, t in self.tensors.items() if g.endswith("ssm_out.weight"))
+            if self.v_tiled:
+                self.untile = None
 
     def meta(self, key, default=None):
         if key in self._let_go:             # rare: read the header again
@@ -99,6 +108,8 @@ class GgufFile:
         """Made once per process (a copy each time: callers may edit theirs)."""
         if self._config is None:
             self._config = families.gguf_config(self.family, self.arch, self.meta, self.tensors, self.path)
+            if self.v_tiled:
+                self._config["vkspec"]["linear_v_tiled"] = True
         return copy.deepcopy(self._config)
 
     # --- tensors ------------------------------------------------------------------------
@@ -151,7 +162,17 @@ class GgufFile:
             if g.endswith("attn_k.weight"):
                 heads = int(self.meta(f"{self.arch}.attention.head_count_kv", heads))
             w = w.reordered(unpermute_rope_order(rows, heads))
+        if self.untile is not None:
+            return self._untiled(g, w)
         return w
+
+    def _untiled(self, g, w: QWeight) -> QWeight:
+        order, cols = self.untile.rows(g), self.untile.columns(g)
+        if cols is not None:
+            f = w.format
+            w = QWeight(w.fmt, w.rows, w.cols, family_qwen35.gather_columns(
+                w.data, f.block_elems, f.block_bytes, cols, self.path, g), w.scales)
+        return w if order is None else w.reordered(order)
 
     def get(self, name: str, shape: tuple | None = None) -> np.ndarray:
         """A tensor as float32 (vectors and small parameters; weights: matrix())."""
@@ -161,6 +182,9 @@ class GgufFile:
         fmt = self._fmt(g, t)
         elems = int(np.prod(t.shape))
         v = dequantize(QWeight(fmt, 1, elems, self.g.tensor_bytes(g).reshape(1, -1), no_scales()))
+        order = self.untile.rows(g) if self.untile is not None else None
+        if order is not None:               # the first axis holds the value heads (conv: its channels)
+            v = v.reshape(t.numpy_shape)[order]
         return v.reshape(shape if shape is not None else t.numpy_shape)
 
     # --- tokenizer ----------------------------------------------------------------------
@@ -178,7 +202,7 @@ class GgufFile:
         tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
                                   ignore_merges=False))
         pre = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-        if self.meta("tokenizer.ggml.pre") in ("smollm", "qwen2", "llama-bpe", "deepseek-llm"):
+        if self.meta("tokenizer.ggml.pre") in ("smollm", "qwen2", "qwen35", "llama-bpe", "deepseek-llm"):
             pre.insert(0, pre_tokenizers.Digits(individual_digits=True))
         tk.pre_tokenizer = pre_tokenizers.Sequence(pre)
         tk.decoder = decoders.ByteLevel()

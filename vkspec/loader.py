@@ -208,21 +208,46 @@ class TextModelNames:
         return getattr(self.inner, attr)
 
 
+def with_mtp_file(model_dir, ckpt, mtp: bool | None, mtp_file=None):
+    """The checkpoint, with the MTP head of an MTP-only GGUF (vkspec.mtp_file)
+    when one is named, or when a GGUF without a head of its own has one beside
+    it and the head may be used."""
+    from .gguf_file import is_gguf, open_gguf
+    from .mtp_file import WithMtpFile, beside
+    if mtp_file is None:
+        # only the hybrids' releases carry a head; a file beside another model is not its head
+        if mtp is False or not is_gguf(model_dir) or has_mtp(ckpt) or not ckpt.family.hybrid:
+            return ckpt
+        mtp_file = beside(model_dir)
+        if mtp_file is None or open_gguf(mtp_file).arch != ckpt.arch:
+            return ckpt
+    elif not is_gguf(model_dir):
+        raise VkspecError(f"{model_dir}: --mtp-file goes with a .gguf model (a checkpoint folder has its mtp.* "
+                          "tensors)")
+    if not is_gguf(mtp_file):
+        raise VkspecError(f"{mtp_file}: not a .gguf file")
+    return WithMtpFile(ckpt, open_gguf(mtp_file))
+
+
 def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | None = None,
-               backend: str = "cpu", device_gb: float | None = None, tier=None, activations: str = "q8"):
+               backend: str = "cpu", device_gb: float | None = None, tier=None, activations: str = "q8",
+               mtp_file=None):
     """The model on a backend: "cpu" (the NumPy reference) or "vulkan" (the
     dense chain; ``tier``, a vkspec.tier.resident.TierConfig, keeps only some
     routed experts on the device). Both have the same interface and give the
-    same bits. ``activations``: "f32" or "q8" (weights.set_activations)."""
+    same bits. ``activations``: "f32" or "q8" (weights.set_activations).
+    ``mtp_file``: an MTP-only GGUF for a GGUF model (else one found beside it)."""
     if backend not in ("cpu", "vulkan"):
         raise VkspecError(f"unknown backend {backend!r} (cpu, vulkan)")
     if activations not in ACTIVATIONS:
         raise VkspecError(f"unknown activations {activations!r} ({', '.join(ACTIVATIONS)})")
     from .backends.cpu.fpenv import ensure_ieee
+    from .gguf_file import is_gguf
     # the sampler computes on the CPU with NumPy on both backends; numba
     # runs only the CPU model's ops and the tier's CPU experts
     ensure_ieee(numba=backend == "cpu" or tier is not None)
     cfg, ckpt = open_checkpoint(model_dir, fmt)
+    ckpt = with_mtp_file(model_dir, ckpt, mtp, mtp_file)
     if backend == "vulkan":
         from .shaders.limits import check
         problems = check(cfg)
@@ -230,7 +255,8 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
             raise VkspecError(f"{model_dir}: {problems[0]}; run it with --backend cpu")
     want_mtp = has_mtp(ckpt) if mtp is None else mtp
     if want_mtp and not has_mtp(ckpt):
-        raise VkspecError(f"{model_dir}: the checkpoint has no MTP head (mtp.fc.weight)")
+        where = "no nextn tensors, no mtp-*.gguf beside it" if is_gguf(model_dir) else "mtp.fc.weight"
+        raise VkspecError(f"{model_dir}: the checkpoint has no MTP head ({where})")
     weights = Loader(cfg, ckpt, fmt).load(want_mtp)
     set_activations(weights, activations)
     if backend == "vulkan":

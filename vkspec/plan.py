@@ -22,15 +22,16 @@ Figures (bytes):
 from __future__ import annotations
 
 from .backends.vulkan.model import VulkanModel
-from .loader import Loader, has_mtp, open_checkpoint
+from .loader import Loader, has_mtp, open_checkpoint, with_mtp_file
 from .weights import MoeW, qweights, set_activations
 
 MiB = float(1 << 20)
 
 
 def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapshots: int = 7,
-         drafts: int = 7, activations: str = "q8") -> dict:
+         drafts: int = 7, activations: str = "q8", mtp_file=None) -> dict:
     cfg, ckpt = open_checkpoint(model_dir, fmt)
+    ckpt = with_mtp_file(model_dir, ckpt, None, mtp_file)
     mtp = has_mtp(ckpt)
     w = Loader(cfg, ckpt, fmt).load(mtp)
     q8_matrices = set_activations(w, activations)

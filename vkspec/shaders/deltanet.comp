@@ -38,6 +38,7 @@ layout(push_constant) uniform Push {
     float eps;      // l2norm's
     uint p_off;     // the layer's dt_bias | -exp(A_log) in the vectors arena
     uint s_off;     // the layer's state in the ssm arena
+    uint tiled;     // value head h reads key head h % nk (llama.cpp's tiled order), else h / (nv / nk)
 } p;
 
 uint pw() { return 2u * p.nk * p.dk + 2u * p.nv; }   // prep floats per row
@@ -92,7 +93,7 @@ void main() {
     uint i = gl_GlobalInvocationID.x;
     if (i >= p.nv * p.dv) return;
     uint h = i / p.dv, j = i % p.dv;
-    uint kh = h / (p.nv / p.nk);
+    uint kh = p.tiled != 0u ? h % p.nk : h / (p.nv / p.nk);
     uint region = p.nv * p.dk * p.dv;
     uint sb = h * p.dk * p.dv + j;              // S[h, t, j] = state[.. + t * dv]
     for (uint t = 0u; t < p.dk; t++) col[t] = state[p.s_off + step.live * region + sb + t * p.dv];

@@ -91,6 +91,7 @@ class Deltanet:
     eps: f32               # the L2 norm's
     p_off: u32 = 0         # the layer's dt_bias | -exp(A_log) in the vectors arena
     s_off: u32 = 0         # the layer's state in the ssm arena
+    tiled: u32 = 0         # ModelConfig.linear_v_tiled
 
 
 @dataclass(kw_only=True)

@@ -208,7 +208,7 @@ class CpuModel:
         q, k, beta, decay = ops.deltanet_prep(
             mixed[:, :nk * dk].reshape(n, nk, dk), mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk),
             ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
-        rep = np.arange(nv) // (nv // nk)
+        rep = np.arange(nv) % nk if c.linear_v_tiled else np.arange(nv) // (nv // nk)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
         out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept))
         for i in range(len(kept)):

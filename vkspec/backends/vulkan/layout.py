@@ -48,6 +48,7 @@ class Dims:
     cd: int         # DeltaNet conv channels (q|k|v)
     E: int          # routed experts and experts per token
     k: int
+    tiled: int = 0  # value head h reads key head h % nk (ModelConfig.linear_v_tiled)
 
     @classmethod
     def of(cls, c: ModelConfig) -> "Dims":
@@ -57,7 +58,7 @@ class Dims:
                    nkv=c.num_key_value_heads, hd=c.head_dim,
                    qw=c.head_dim * (2 if c.attn_gate else 1),
                    nk=nk, nv=nv, dk=dk, dv=dv, K=c.linear_conv_kernel_dim, cd=2 * nk * dk + nv * dv,
-                   E=c.num_experts, k=max(c.num_experts_per_tok, 1))
+                   E=c.num_experts, k=max(c.num_experts_per_tok, 1), tiled=int(c.linear_v_tiled))
 
 
 # --- the host's view: the parts of each fused weight -------------------------------

@@ -289,7 +289,7 @@ class Recorder:
         push = P.Deltanet(rows=n, nk=d.nk, nv=d.nv, dk=d.dk, dv=d.dv, m_stride=d.cd,
                               ba_off=d.cd + d.nv * d.dv, ba_stride=Pw, o_stride=d.nv * d.dv,
                               scale=np.float32(d.dk ** -0.5), eps=np.float32(1e-6), p_off=m.par.off,
-                              s_off=m.ssm.off)
+                              s_off=m.ssm.off, tiled=d.tiled)
         buffers = dict(mixed=s.mixed, ba=s.proj, par=m.par.t, prep=s.prep, state=m.ssm.t, o=s.dn_o, step=step)
         self.rec.op(G.DELTANET, "prep", groups(n * (2 * d.nk + d.nv)), push, **buffers)
         self.rec.op(G.DELTANET, "scan", groups(d.nv * d.dv), push, **buffers)
