@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,6 +289,23 @@ def test_cli_vulkan_and_cpu_print_the_same_digest(vk, tiny_dir):
     # one every row count (and so takes longer); the CPU prepares its kernels
     assert out["vulkan", "auto"]["warm_s"] > out["vulkan", "off"]["warm_s"] > 0
     assert out["cpu", "auto"]["warm_s"] >= 0
+
+
+def test_cli_drafts_by_default_and_the_tokens_are_off_s():
+    """No --spec: auto (lookup and the MTP head under the gate) drafts, and the
+    tokens and digest are --spec off's (a default of off fails the first
+    assertion, drafts that changed a token the second). The bundled trained
+    hybrid: a random one's drafts are rarely accepted."""
+    tiny_dir = Path(__file__).resolve().parents[1] / "models" / "tiny-hybrid"
+    prompt = "import os\nimport sys\n\n\ndef main(argv):\n    parser = "
+    runs = {}
+    for extra in ((), ("--spec", "off")):
+        res = run_cli("run", str(tiny_dir), "--prompt", prompt, "-n", "48", "--json", *extra)
+        assert res.returncode == 0, res.stderr
+        runs[extra] = json.loads(res.stdout)
+    auto, off = runs[()], runs[("--spec", "off")]
+    assert auto["spec_mode"] == "auto" and auto["drafted"] > 0 and auto["forwards"] < off["forwards"]
+    assert (auto["tokens"], auto["digest"]) == (off["tokens"], off["digest"])
 
 
 def test_cli_device_budget_is_one_line(vk, tiny_dir):

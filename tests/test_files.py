@@ -74,8 +74,8 @@ def test_tier_history_goes_to_the_cache_and_an_unwritable_one_warns(vk, moe_dir,
     blocker.write_text("")
     again, err = run_tier(moe_dir, blocker / "xdg")
     assert again["tokens"] == out["tokens"]
-    warnings = [line for line in err.splitlines() if "not saved" in line]
-    assert len(warnings) == 1 and "expert-usage history was not saved" in warnings[0]
+    warnings = [line for line in err.splitlines() if "expert-usage history was not saved" in line]
+    assert len(warnings) == 1       # once (the default's MTP drafts warn once more, for their counts file)
 
 
 def demo_commands():

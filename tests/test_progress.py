@@ -73,7 +73,7 @@ def test_serve_says_when_it_is_ready_and_where(tiny_dir, tmp_path):
             line = p.stderr.readline()
             if not line or "ready:" in line:
                 break
-        m = re.search(r"\[vkspec serve\] ready: tiny on (http://127\.0\.0\.1:(\d+)) \(cpu, f32, q8 activations, spec off\)", line)
+        m = re.search(r"\[vkspec serve\] ready: tiny on (http://127\.0\.0\.1:(\d+)) \(cpu, f32, q8 activations, spec auto\)", line)
         assert m, line
         assert int(m.group(2)) > 0
         assert httpx.get(m.group(1) + "/health", timeout=10).status_code == 200   # ready means ready

@@ -367,7 +367,8 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
                               "same bits (default: stop with the output so far)")
     spec = parser()
     spec.add_argument("--spec", choices=["off", "lookup", "mtp", "auto", *UNSUPPORTED_SPEC], default=None,
-                      help="draft source (spec_mode; default off)")
+                      help="draft source (spec_mode; default auto: prompt lookup, and the MTP head where the "
+                           "checkpoint has one, each drafting only when the gate finds it pays; off: none)")
     spec.add_argument("--drafts", type=int, default=None, help="spec_draft_max K (1..7, default 7)")
     spec.add_argument("--snapshots", type=int, default=None,
                       help="spec_mtp_recurrent_snapshots S (0..7, default 7)")

@@ -1,7 +1,9 @@
 """Speculative-decoding settings: defaults, a TOML file, command-line flags.
 
 Keys (TOML, top level or under [spec]; flags override the file):
-  spec_mode                      off | lookup | mtp | auto | draft-model | dflash | dspark
+  spec_mode                      off | lookup | mtp | auto (the default: prompt lookup, and the MTP
+                                 head where the checkpoint has one, both under the gate) |
+                                 draft-model | dflash | dspark
   spec_draft_max                 K, drafts per verify at most (1..7, default 7)
   spec_mtp_recurrent_snapshots   S, recurrent copy slots at most (0..7, default 7)
   spec_mtp_fr_vocab_size         N, the MTP draft vocabulary's most-used ids (0: all; 16000)
@@ -26,7 +28,7 @@ MAX_DRAFTS = 7
 
 @dataclass
 class SpecConfig:
-    spec_mode: str = "off"
+    spec_mode: str = "auto"          # drafts never change a token; the gate drafts only where it pays
     spec_draft_max: int = 7
     spec_mtp_recurrent_snapshots: int = 7
     spec_mtp_fr_vocab_size: int = 16000
