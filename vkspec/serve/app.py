@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
 import threading
 import time
@@ -27,7 +26,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..sampling import Sampler, logprobs as token_logprobs
+from ..sampling import logprobs as token_logprobs
+from .controls import samplers
 from .guard import Guard
 from .schema import ApiError, ChatRequest, CompletionRequest, Message, PinRequest, parse_json, validate
 from .store import BudgetError
@@ -181,7 +181,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 lp, best = token_logprobs(row, tok, top)
                 info = (piece(tok), lp, [(piece(t), v) for t, v in best])
             put(("token", delta, info))
-            return stream.stopped
+            return stream.stopped or sampler.finished
 
         def work():                               # always ends with one "end" or "error"
             try:
@@ -232,7 +232,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         return {"tokens": toks, "token_logprobs": [i[1] for i in infos],
                 "top_logprobs": [dict(i[2]) for i in infos], "text_offset": offsets}
 
-    async def respond(request, req, prompt, chat: bool):
+    async def respond(request, req, prompt, chat: bool, constraint=None):
         check_model(req)
         max_tokens = limits(prompt, getattr(req, "max_completion_tokens", None) or req.max_tokens)
         if chat:
@@ -240,11 +240,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         else:
             top = req.logprobs
         # everything that can refuse the request happens before the first byte is sent
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
-        try:
-            sampler = Sampler(temperature=req.temperature, top_p=req.top_p, seed=seed)
-        except ValueError as e:
-            raise ApiError(str(e)) from None
+        choices = samplers(req, prompt, engine.model.cfg.vocab_size, constraint)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -256,38 +252,44 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 d["usage"] = usage
             return "data: " + json.dumps(d) + "\n\n"
 
+        def usage(n_out):
+            return {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
+
         if req.stream:
-            include_usage = bool((req.stream_options or {}).get("include_usage"))
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
 
             async def events():
-                if chat:
-                    yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": None, "finish_reason": None})
+                n_out = 0
                 try:
-                    async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
-                        if kind == "token":
-                            if not text and info is None:
-                                continue
-                            if chat:
-                                yield chunk({"index": 0, "delta": {"content": text},
-                                             "logprobs": chat_logprobs(info), "finish_reason": None})
-                            else:
-                                yield chunk({"index": 0, "text": text,
-                                             "logprobs": completion_logprobs([info] if info else []),
-                                             "finish_reason": None})
-                        else:
-                            finish, n_out = info
-                            if chat:
-                                if text:
-                                    yield chunk({"index": 0, "delta": {"content": text}, "logprobs": None,
+                    for index, sampler in enumerate(choices):      # one after another
+                        if chat:
+                            yield chunk({"index": index, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None})
+                        async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
+                            if kind == "token":
+                                if not text and info is None:
+                                    continue
+                                if chat:
+                                    yield chunk({"index": index, "delta": {"content": text},
+                                                 "logprobs": chat_logprobs(info), "finish_reason": None})
+                                else:
+                                    yield chunk({"index": index, "text": text,
+                                                 "logprobs": completion_logprobs([info] if info else []),
                                                  "finish_reason": None})
-                                yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish})
                             else:
-                                yield chunk({"index": 0, "text": text, "logprobs": None,
-                                             "finish_reason": finish})
-                            if include_usage:
-                                yield chunk(None, {"prompt_tokens": len(prompt), "completion_tokens": n_out,
-                                                   "total_tokens": len(prompt) + n_out})
+                                finish, n = info
+                                n_out += n
+                                if chat:
+                                    if text:
+                                        yield chunk({"index": index, "delta": {"content": text},
+                                                     "logprobs": None, "finish_reason": None})
+                                    yield chunk({"index": index, "delta": {}, "logprobs": None,
+                                                 "finish_reason": finish})
+                                else:
+                                    yield chunk({"index": index, "text": text, "logprobs": None,
+                                                 "finish_reason": finish})
+                    if include_usage:
+                        yield chunk(None, usage(n_out))
                 except Exception as e:            # noqa: BLE001 - the stream ends with an error frame
                     if not isinstance(e, ApiError):
                         traceback.print_exception(e, file=sys.stderr)
@@ -297,22 +299,26 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        text, infos, finish, n_out = "", [], "length", 0
-        async for kind, delta, info in run_turn(request, prompt, max_tokens, req, sampler, top):
-            text += delta
-            if kind == "token" and info is not None:
-                infos.append(info)
-            if kind == "end":
-                finish, n_out = info
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
-        if chat:
-            lp = {"content": [c for i in infos for c in chat_logprobs(i)["content"]]} if top is not None else None
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": completion_logprobs(infos), "finish_reason": finish}
-        return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": [choice],
-                "usage": usage}
+        out, n_out = [], 0
+        for index, sampler in enumerate(choices):
+            text, infos, finish = "", [], "length"
+            async for kind, delta, info in run_turn(request, prompt, max_tokens, req, sampler, top):
+                text += delta
+                if kind == "token" and info is not None:
+                    infos.append(info)
+                if kind == "end":
+                    finish, n = info
+                    n_out += n
+            if chat:
+                lp = {"content": [c for i in infos for c in chat_logprobs(i)["content"]]} \
+                    if top is not None else None
+                out.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                            "finish_reason": finish})
+            else:
+                out.append({"index": index, "text": text, "logprobs": completion_logprobs(infos),
+                            "finish_reason": finish})
+        return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": out,
+                "usage": usage(n_out)}
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 SEED_MAX = 2 ** 63 - 1          # seeds are 0..2**63-1 (what secrets.randbits(63) draws)
 MAX_STOPS = 4
 MAX_STOP_BYTES = 256            # UTF-8 bytes of one stop string
+MAX_CHOICES = 8                 # n: the choices run one after another, each a whole turn
+MAX_BIAS = 1024                 # logit_bias entries
 
 
 class ApiError(Exception):
@@ -73,6 +75,11 @@ def validate(data, cls):
         raise ApiError(msg, param) from None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
 class Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -82,18 +89,29 @@ class Common(BaseModel):
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: Union[str, list[str], None] = None
     stream: bool = False
-    stream_options: dict | None = None
-    n: int = 1
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     user: str | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _one_choice(cls, n):
-        if n != 1:
-            raise ValueError("only n = 1 is served")
-        return n
+    def _bias(cls, bias):
+        if bias is None:
+            return None
+        if len(bias) > MAX_BIAS:
+            raise ValueError(f"at most {MAX_BIAS} entries")
+        for k, v in bias.items():
+            if not k.isascii() or not k.isdigit() or len(k) > 9:
+                raise ValueError(f"keys are token ids, got {k[:20]!r}")
+            if not -100.0 <= v <= 100.0:
+                raise ValueError("values are in -100..100")
+        return bias
 
     @field_validator("stop")
     @classmethod
