@@ -1,7 +1,11 @@
 """Sampling controls, n > 1 and include_usage through the official openai
-client: each frame with drafts equals the frame without, on both backends."""
+client: each frame with drafts equals the frame without, on both backends.
+And the routes around generation: /tokenize, /detokenize, /metrics, the
+context length in /v1/models."""
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require
 from vkspec.tiny import make_tiny
@@ -110,3 +114,50 @@ def test_bad_controls_get_400(servers, body, why):
     with pytest.raises(openai.BadRequestError) as e:
         servers[0].client.completions.create(model="tiny", prompt="x", max_tokens=2, **body)
     assert why in str(e.value)
+
+
+# --- /tokenize, /detokenize, /metrics, /v1/models ------------------------------------------
+
+def test_models_list_the_context_length(servers):
+    m = servers[0].client.models.list().data[0].model_dump()
+    assert m["id"] == "tiny" and m["context_length"] == m["max_model_len"] > 0
+
+
+def test_tokenize_and_detokenize_round_trip(servers):
+    s = servers[0]
+    ids = s.client.post("/tokenize", body={"content": PROMPT}, cast_to=object)["tokens"]
+    turn = s.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0)
+    assert len(ids) == turn.usage.prompt_tokens
+    assert s.client.post("/detokenize", body={"tokens": ids}, cast_to=object)["content"] == PROMPT
+    raw = httpx.post(s.url + "/tokenize", json={"content": "ab", "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in raw) == "ab" and all(isinstance(p["id"], int) for p in raw)
+    for path, bad, why in (("/detokenize", {"tokens": [10 ** 6]}, "out of range"),
+                           ("/tokenize", {"content": "x", "model": "other"}, "not served here"),
+                           ("/tokenize", {"content": "x", "bogus": 1}, "unknown field")):
+        r = httpx.post(s.url + path, json=bad)
+        assert 400 <= r.status_code < 500 and why in r.json()["error"]["message"]
+
+
+def scrape(server) -> dict:
+    text = httpx.get(server.url + "/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_metrics_count_requests_tokens_and_drafts(servers):
+    plain, spec = servers
+    before = scrape(spec)
+    r = spec.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=9, temperature=0)
+    after = scrape(spec)
+
+    def grew(name, labels=()):
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+    assert grew("vkspec_requests_total", (("route", "completions"),)) == 1
+    assert grew("vkspec_completion_tokens_total") == r.usage.completion_tokens == 9
+    assert grew("vkspec_prompt_tokens_total") == r.usage.prompt_tokens
+    assert grew("vkspec_drafted_tokens_total", (("source", "mtp"),)) > 0
+    assert after[("vkspec_decode_tokens_per_second", ())] > 0
+    assert after[("vkspec_prefill_tokens_per_second", ())] > 0
+    assert 0 <= after[("vkspec_acceptance_ratio", ())] <= 1
+    assert ("vkspec_cancelled_turns_total", ()) in after
+    assert ("vkspec_gate_decisions_total", (("decision", "declined"),)) in after

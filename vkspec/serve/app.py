@@ -1,5 +1,6 @@
 """The HTTP routes: /v1/completions, /v1/chat/completions (streaming and not),
-/v1/models, /health, and /v1/pins (vkspec's prefix pins).
+/v1/models, /health, and /v1/pins (vkspec's prefix pins); utility.py adds
+/tokenize, /detokenize and /metrics.
 
 Every error is an OpenAI-style object ({"error": {"message", "type", "param",
 "code"}}) with a 4xx status; the server keeps running. Requests pass the
@@ -29,9 +30,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from ..sampling import logprobs as token_logprobs
 from .controls import samplers
 from .guard import Guard
+from .metrics import Metrics
 from .schema import ApiError, ChatRequest, CompletionRequest, Message, PinRequest, parse_json, validate
 from .store import BudgetError
 from .text import TextStream, render_chat
+from .utility import add_utility_routes
 
 DISCONNECT_POLL_S = 0.1
 
@@ -58,6 +61,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
     app = FastAPI(title="vkspec", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(Guard, bind_host=bind_host, allow_hosts=allow_hosts, api_key=api_key, max_body=max_body)
     created = int(time.time())
+    metrics = Metrics(engine)
+    engine.on_turn = metrics.turn
 
     async def off_loop(pool, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -90,7 +95,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "vkspec"}]}
+                                            "owned_by": "vkspec", "context_length": engine.ctx,
+                                            "max_model_len": engine.ctx}]}
 
     def encode(prompt) -> list[int]:
         if isinstance(prompt, list):
@@ -320,14 +326,19 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": out,
                 "usage": usage(n_out)}
 
+    add_utility_routes(app, engine=engine, tokenizer=tokenizer, model_name=model_name, metrics=metrics,
+                       body=body, off_loop=off_loop, text_pool=text_pool)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
+        metrics.request("completions")
         req = await body(request, CompletionRequest)
         check_model(req)
         return await respond(request, req, await tokens_of(prompt=req.prompt), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        metrics.request("chat_completions")
         req = await body(request, ChatRequest)
         check_model(req)
         return await respond(request, req, await tokens_of(messages=req.messages), chat=True)

@@ -160,3 +160,19 @@ class PinRequest(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     prompt: Union[str, list[int], None] = None
     messages: list[Message] | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """llama-server's /tokenize (model: vLLM's, accepted and checked)."""
+    model_config = ConfigDict(extra="forbid")
+    content: str | None = None
+    prompt: str | None = None                 # vLLM's name for content
+    model: str | None = None
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int]
+    model: str | None = None
