@@ -31,9 +31,12 @@ from ..sampling import logprobs as token_logprobs
 from .controls import samplers
 from .guard import Guard
 from .metrics import Metrics
-from .schema import ApiError, ChatRequest, CompletionRequest, Message, PinRequest, parse_json, validate
+from .schema import (ApiError, ChatRequest, CompletionRequest, Message, NamedToolChoice, PinRequest,
+                     parse_json, validate)
 from .store import BudgetError
+from .constraint import Grammars, response_constraint
 from .text import TextStream, render_chat
+from .tools import ToolStream, check_tools, family_of, forced_grammar, number_calls, parse, render_messages
 from .utility import add_utility_routes
 
 DISCONNECT_POLL_S = 0.1
@@ -114,19 +117,16 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             return tokenizer.with_bos(ids) if hasattr(tokenizer, "with_bos") else ids
         return tokenizer.encode(prompt)
 
-    def chat_prompt(messages: list[Message]) -> list[int]:
+    eos = getattr(engine, "eos", set())
+    family = family_of(template)
+    grammars = Grammars(tokenizer, engine.model.cfg.vocab_size, eos)
+
+    def chat_prompt(messages: list[Message], tools=None) -> list[int]:
         if template is None:
             raise ApiError("this model has no chat template (tokenizer_config.json)", "messages")
-        msgs = []
-        for m in messages:
-            content = m.content
-            if isinstance(content, list):
-                if any(p.type != "text" for p in content):
-                    raise ApiError("only text content parts are supported", "messages")
-                content = "".join(p.text or "" for p in content)
-            msgs.append({"role": m.role, "content": content or ""})
+        msgs, extra = render_messages(messages, tools, family)
         try:
-            text = render_chat(template, msgs)
+            text = render_chat(template, msgs, extra)
         except Exception as e:                    # noqa: BLE001 - the template's own errors
             raise ApiError(f"the chat template failed: {e}", "messages")
         return encode(text)
@@ -135,6 +135,29 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         if messages is not None:
             return await off_loop(text_pool, chat_prompt, messages)
         return await off_loop(text_pool, encode, prompt)
+
+    def plan(req, chat: bool):
+        """(prompt, constraint factory, tool names to parse or None); every
+        refusal (a 400) happens here, off the event loop."""
+        tools, choice = (req.tools, req.tool_choice) if chat else (None, None)
+        check_tools(tools)
+        if choice is not None and choice != "none" and not tools:
+            raise ApiError("tool_choice needs tools", "tool_choice")
+        if choice == "none":
+            tools = None
+        names = {t.function.name for t in tools or []}
+        only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if only is not None and only not in names:
+            raise ApiError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+        constraint = response_constraint(req, grammars)
+        if only is not None or choice == "required":
+            if constraint is not None:
+                raise ApiError("a forced tool call and response_format / grammar exclude each other",
+                               "tool_choice")
+            constraint = grammars.lark_text(forced_grammar(family, tools, only, req.parallel_tool_calls),
+                                            "tool_choice")
+        prompt = chat_prompt(req.messages, tools) if chat else encode(req.prompt)
+        return prompt, constraint, (names or None)
 
     def check_model(req):
         if req.model != model_name:
@@ -181,7 +204,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 pass
 
         def on_token(tok, row):
-            delta = stream.push(tok)
+            # an end-of-sequence token ends the turn; its text ("<|im_end|>") is no part of the answer
+            delta = "" if tok in eos else stream.push(tok)
             info = None
             if top is not None:
                 lp, best = token_logprobs(row, tok, top)
@@ -193,7 +217,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             try:
                 turn = engine.run(prompt, max_tokens, sampler, on_token, cancel.is_set)
                 tail = stream.flush()
-                finish = "stop" if stream.stopped or turn.finish == "stop" else "length"
+                finish = "stop" if stream.stopped or turn.finish == "stop" or sampler.finished else "length"
                 put(("end", tail, (finish, len(turn.tokens))))
             except Exception as e:                # noqa: BLE001 - reported to the client
                 traceback.print_exception(e, file=sys.stderr)
@@ -238,7 +262,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         return {"tokens": toks, "token_logprobs": [i[1] for i in infos],
                 "top_logprobs": [dict(i[2]) for i in infos], "text_offset": offsets}
 
-    async def respond(request, req, prompt, chat: bool, constraint=None):
+    async def respond(request, req, prompt, constraint, names, chat: bool):
         check_model(req)
         max_tokens = limits(prompt, getattr(req, "max_completion_tokens", None) or req.max_tokens)
         if chat:
@@ -246,7 +270,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         else:
             top = req.logprobs
         # everything that can refuse the request happens before the first byte is sent
-        choices = samplers(req, prompt, engine.model.cfg.vocab_size, constraint)
+        choices = await off_loop(text_pool, samplers, req, prompt, engine.model.cfg.vocab_size, constraint)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -268,10 +292,13 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 n_out = 0
                 try:
                     for index, sampler in enumerate(choices):      # one after another
+                        tools = ToolStream(family, names) if names else None
                         if chat:
                             yield chunk({"index": index, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None})
                         async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
+                            if tools is not None:
+                                text = tools.push(text)
                             if kind == "token":
                                 if not text and info is None:
                                     continue
@@ -286,11 +313,18 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                                 finish, n = info
                                 n_out += n
                                 if chat:
+                                    calls = []
+                                    if tools is not None:
+                                        rest, calls = tools.finish()
+                                        text += rest
                                     if text:
                                         yield chunk({"index": index, "delta": {"content": text},
                                                      "logprobs": None, "finish_reason": None})
+                                    for k, c in enumerate(number_calls(calls, f"{rid[-12:]}_{index}")):
+                                        yield chunk({"index": index, "delta": {"tool_calls": [{"index": k, **c}]},
+                                                     "logprobs": None, "finish_reason": None})
                                     yield chunk({"index": index, "delta": {}, "logprobs": None,
-                                                 "finish_reason": finish})
+                                                 "finish_reason": "tool_calls" if calls else finish})
                                 else:
                                     yield chunk({"index": index, "text": text, "logprobs": None,
                                                  "finish_reason": finish})
@@ -318,8 +352,14 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             if chat:
                 lp = {"content": [c for i in infos for c in chat_logprobs(i)["content"]]} \
                     if top is not None else None
-                out.append({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                            "finish_reason": finish})
+                message = {"role": "assistant", "content": text}
+                if names:
+                    content, calls = parse(text, family, names)
+                    if calls:
+                        message = {"role": "assistant", "content": content or None,
+                                   "tool_calls": number_calls(calls, f"{rid[-12:]}_{index}")}
+                        finish = "tool_calls"
+                out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": finish})
             else:
                 out.append({"index": index, "text": text, "logprobs": completion_logprobs(infos),
                             "finish_reason": finish})
@@ -334,14 +374,14 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         metrics.request("completions")
         req = await body(request, CompletionRequest)
         check_model(req)
-        return await respond(request, req, await tokens_of(prompt=req.prompt), chat=False)
+        return await respond(request, req, *await off_loop(text_pool, plan, req, False), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         metrics.request("chat_completions")
         req = await body(request, ChatRequest)
         check_model(req)
-        return await respond(request, req, await tokens_of(messages=req.messages), chat=True)
+        return await respond(request, req, *await off_loop(text_pool, plan, req, True), chat=True)
 
     @app.post("/v1/pins")
     async def pin(request: Request):
