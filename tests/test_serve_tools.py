@@ -21,7 +21,7 @@ openai = require("openai")
 from serve_helpers import Server  # noqa: E402
 
 TEMPLATES = {name: (Path(__file__).parent / "templates" / f"{name}.jinja").read_text()
-             for name in ("smollm2", "gemma3", "qwen3")}
+             for name in ("smollm2", "gemma3", "qwen3", "llama3")}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
@@ -47,7 +47,7 @@ def checkpoint(root: Path, name: str) -> Path:
 # --- the formats, from each template ------------------------------------------------------------
 
 @pytest.mark.parametrize("name,fmt,native", [("smollm2", "hermes", False), ("gemma3", "gemma", False),
-                                             ("qwen3", "hermes", True)])
+                                             ("qwen3", "hermes", True), ("llama3", "llama3", True)])
 def test_each_template_is_read_as_its_family(name, fmt, native):
     fam = family_of(TEMPLATES[name])
     assert (fam.fmt, fam.native) == (fmt, native)
@@ -61,19 +61,38 @@ def test_the_calls_a_template_writes_parse_back(name):
     calls = [{"id": "c1", "type": "function", "function": {"name": "get_weather",
                                                            "arguments": '{"city": "Oslo", "days": 2}'}},
              {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]
+    calls = calls[:1] if name == "llama3" else calls         # Llama 3's template takes one call a turn
     req = ChatRequest.model_validate({"model": "m", "tools": TOOLS, "messages": USER + [
-        {"role": "assistant", "content": None, "tool_calls": calls},
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "c2", "content": "3"}]})
+        {"role": "assistant", "content": None, "tool_calls": calls}] + [
+        {"role": "tool", "tool_call_id": c["id"], "content": f"sunny {c['id']}"} for c in calls]})
     msgs, extra = render_messages(req.messages, req.tools, fam)
-    before = render_chat(TEMPLATES[name], msgs[:-2 if fam.native else -1], extra)
-    without = render_chat(TEMPLATES[name], msgs[:-3 if fam.native else -2], extra)
-    assistant = before[len(without):]
-    assert "sunny" in render_chat(TEMPLATES[name], msgs, extra)
-    content, got = parse(assistant.split("<|im_end|>")[0].split("<end_of_turn>")[0], fam, {"get_weather", "add"})
+    at = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    assistant = render_chat(TEMPLATES[name], msgs[:at + 1], extra)[len(render_chat(TEMPLATES[name], msgs[:at],
+                                                                                   extra)):]
+    whole = render_chat(TEMPLATES[name], msgs, extra)
+    assert all(f"sunny {c['id']}" in whole for c in calls)
+    for end in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+        assistant = assistant.split(end)[0]
+    content, got = parse(assistant, fam, {"get_weather", "add"})
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == \
-        [("get_weather", {"city": "Oslo", "days": 2}), ("add", {"a": 1, "b": 2})]
+        [("get_weather", {"city": "Oslo", "days": 2}), ("add", {"a": 1, "b": 2})][:len(calls)]
     assert content in ("", "<think>\n\n</think>")     # Qwen3 writes an empty thought before the calls
+
+
+def test_a_stream_sends_content_until_a_call_starts():
+    from vkspec.serve.tools import ToolStream
+    fam = family_of(TEMPLATES["qwen3"])
+    text = 'Let me look.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    ts = ToolStream(fam, {"add"})
+    sent = "".join(ts.push(ch) for ch in text)
+    rest, calls = ts.finish()
+    assert sent == "Let me look.\n" and rest.strip() == "" and [c["function"]["name"] for c in calls] == ["add"]
+    ts = ToolStream(fam, {"add"})                     # a marker's start that goes nowhere is content after all
+    sent = "".join(ts.push(ch) for ch in "a <tool_c b")
+    assert sent + ts.finish()[0] == "a <tool_c b" and sent.startswith("a ")
+    ts = ToolStream(fam, {"add"})                     # a call that never closes is content
+    sent = "".join(ts.push(ch) for ch in "<tool_call>\n{\"name\": \"add\"")
+    assert (sent, ts.finish()) == ("", ('<tool_call>\n{"name": "add"', []))
 
 
 @pytest.mark.parametrize("fmt_template", sorted(TEMPLATES))
