@@ -75,8 +75,10 @@ def models(request, tmp_path_factory):
     if request.param == "vulkan":
         request.getfixturevalue("vk")
     root = tmp_path_factory.mktemp("models")
-    return {echo: load_model(make_tiny(root / f"echo{echo:d}", seed=4, mtp=True, echo=echo),
-                             backend=request.param) for echo in (False, True)}
+    out = {echo: load_model(make_tiny(root / f"echo{echo:d}", seed=4, mtp=True, echo=echo),
+                            backend=request.param) for echo in (False, True)}
+    out["dir"] = root / "echo0"
+    return out
 
 
 def sampler(prompt, controls):
@@ -109,3 +111,37 @@ def test_a_cancelled_round_leaves_the_sampler_of_the_commit(models):
     with pytest.raises(Cancelled) as e:
         generate_spec(model, REPEAT, N, s, sources, gate, cancel=lambda emitted: emitted == 7)
     assert s.out == e.value.tokens and sum(s.counts.values()) == len(s.out)
+
+
+POINT = {"type": "object", "additionalProperties": False, "required": ["x", "tag"],
+         "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 999}, "tag": {"type": "string",
+                                                                                       "maxLength": 6}}}
+
+
+@pytest.mark.parametrize("spec,forced", [("lookup", "mixed"), ("lookup", "reject"), ("mtp", "mixed"),
+                                         ("mtp", "accept"), ("auto", None)])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_grammar_mask_on_every_verify_row_leaves_the_output_of_plain_decoding(models, spec, forced, temperature):
+    """A JSON-schema constraint (llguidance): forced drafts that break the
+    grammar are rejected at their row, and the answer is the plain one."""
+    import json
+
+    from vkspec.serve.constraint import Grammars
+    from vkspec.tokenizer import load_tokenizer
+    model = models[False]
+    eos = set(model.cfg.eos_token_id)
+    grammars = Grammars(load_tokenizer(models["dir"]), model.cfg.vocab_size, eos)
+    make = grammars.json_schema(POINT, "schema")
+
+    def run(sources=(), gate=None):
+        s = Sampler(temperature=temperature, seed=9, prompt=tuple(REPEAT), constraint=make())
+        return generate_spec(model, REPEAT, 120, s, sources, gate, stop=eos,
+                             on_token=lambda tok, row: s.finished), s
+
+    ref, s = run()
+    text = load_tokenizer(models["dir"]).decode(ref.tokens)
+    assert s.finished and set(json.loads(text)) == {"x", "tag"}
+    cfg = SpecConfig(spec_mode=spec, spec_draft_max=4, spec_gate=False).check()
+    got, _ = run(*build(model, cfg, forced=forced, reference=ref.tokens))
+    assert got.tokens == ref.tokens and got.digest == ref.digest
+    assert got.counters.drafted > 0
