@@ -79,6 +79,14 @@ def test_the_calls_a_template_writes_parse_back(name):
     assert content in ("", "<think>\n\n</think>")     # Qwen3 writes an empty thought before the calls
 
 
+def test_gemma_calls_take_python_or_json_literals():
+    fam = family_of(TEMPLATES["gemma3"])
+    text = '```tool_code\nf(a=True, b=null, c=[1, {"d": false}], e="x")\n```'
+    content, calls = parse(text, fam, {"f"})
+    assert content == "" and json.loads(calls[0]["function"]["arguments"]) == \
+        {"a": True, "b": None, "c": [1, {"d": False}], "e": "x"}
+
+
 def test_a_stream_sends_content_until_a_call_starts():
     from vkspec.serve.tools import ToolStream
     fam = family_of(TEMPLATES["qwen3"])
@@ -123,7 +131,7 @@ def qwen(request, root, tmp_path_factory):
         s.stop()
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+@pytest.fixture(scope="module", params=["smollm2", "gemma3", "llama3"])
 def other(request, root, tmp_path_factory):
     s = Server(checkpoint(root, request.param), tmp_path_factory.mktemp("logs") / "s.log", "--spec", "auto",
                "--no-gate", "--drafts", "4")
@@ -183,6 +191,8 @@ def test_forced_calls_in_the_other_families(other, stream):
     msg, finish = ask(other, stream, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert finish == "tool_calls" and [n for n, _ in msg["calls"]] == ["get_weather"]
     assert valid_weather(msg["calls"][0][1])
+    msg, finish = ask(other, stream, tools=TOOLS, max_tokens=30)       # free text: content, never a 500
+    assert msg["calls"] == [] and msg["content"] and finish == "length"
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -28,13 +28,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..sampling import logprobs as token_logprobs
+from .constraint import Grammars, response_constraint
 from .controls import samplers
 from .guard import Guard
 from .metrics import Metrics
 from .schema import (ApiError, ChatRequest, CompletionRequest, Message, NamedToolChoice, PinRequest,
                      parse_json, validate)
 from .store import BudgetError
-from .constraint import Grammars, response_constraint
 from .text import TextStream, render_chat
 from .tools import ToolStream, check_tools, family_of, forced_grammar, number_calls, parse, render_messages
 from .utility import add_utility_routes

@@ -230,6 +230,19 @@ def _json_calls(body: str, names: set[str], key: str) -> list[dict] | None:
     return out or None
 
 
+class _JsonNames(ast.NodeTransformer):
+    """JSON's true / false / null as Python's: the forced grammar writes
+    argument values as JSON, and a model may too."""
+    VALUES = {"true": True, "false": False, "null": None}
+
+    def visit_Name(self, node):
+        return ast.Constant(self.VALUES[node.id]) if node.id in self.VALUES else node
+
+
+def _json_names(node):
+    return _JsonNames().visit(node)
+
+
 def _python_calls(body: str, names: set[str]) -> list[dict] | None:
     try:
         tree = ast.parse(body.strip(), mode="eval").body
@@ -241,7 +254,7 @@ def _python_calls(body: str, names: set[str]) -> list[dict] | None:
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in names and not c.args):
             return None
         try:
-            args = {k.arg: ast.literal_eval(k.value) for k in c.keywords if k.arg is not None}
+            args = {k.arg: ast.literal_eval(_json_names(k.value)) for k in c.keywords if k.arg is not None}
             json.dumps(args)
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return None
