@@ -21,7 +21,7 @@ openai = require("openai")
 from serve_helpers import Server  # noqa: E402
 
 TEMPLATES = {name: (Path(__file__).parent / "templates" / f"{name}.jinja").read_text()
-             for name in ("smollm2", "gemma3", "qwen3", "llama3")}
+             for name in ("smollm2", "gemma3", "qwen3", "qwen3_5", "llama3")}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
@@ -47,7 +47,8 @@ def checkpoint(root: Path, name: str) -> Path:
 # --- the formats, from each template ------------------------------------------------------------
 
 @pytest.mark.parametrize("name,fmt,native", [("smollm2", "hermes", False), ("gemma3", "gemma", False),
-                                             ("qwen3", "hermes", True), ("llama3", "llama3", True)])
+                                             ("qwen3", "hermes", True), ("qwen3_5", "qwen_xml", True),
+                                             ("llama3", "llama3", True)])
 def test_each_template_is_read_as_its_family(name, fmt, native):
     fam = family_of(TEMPLATES[name])
     assert (fam.fmt, fam.native) == (fmt, native)
@@ -76,7 +77,19 @@ def test_the_calls_a_template_writes_parse_back(name):
     content, got = parse(assistant, fam, {"get_weather", "add"})
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got] == \
         [("get_weather", {"city": "Oslo", "days": 2}), ("add", {"a": 1, "b": 2})][:len(calls)]
-    assert content in ("", "<think>\n\n</think>")     # Qwen3 writes an empty thought before the calls
+    # Qwen3 writes an empty thought before the calls; Qwen3.5's generation prompt opens it
+    assert content in ("", "<think>\n\n</think>", "</think>")
+
+
+def test_qwen3_5_values_keep_their_declared_types():
+    fam = family_of(TEMPLATES["qwen3_5"])
+    text = ("<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n</parameter>\n"
+            "<parameter=b>\nTrue\n</parameter>\n<parameter=o>\n{\"k\": [1]}\n</parameter>\n</function>\n</tool_call>")
+    names = {"f": {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}}
+    content, calls = parse(text, fam, names)
+    assert content == "" and json.loads(calls[0]["function"]["arguments"]) == \
+        {"s": "42", "n": 42, "b": True, "o": {"k": [1]}}
+    assert parse(text.replace("</function>", "stray</function>"), fam, names)[1] == []
 
 
 def test_gemma_calls_take_python_or_json_literals():
@@ -131,7 +144,7 @@ def qwen(request, root, tmp_path_factory):
         s.stop()
 
 
-@pytest.fixture(scope="module", params=["smollm2", "gemma3", "llama3"])
+@pytest.fixture(scope="module", params=["smollm2", "gemma3", "qwen3_5", "llama3"])
 def other(request, root, tmp_path_factory):
     s = Server(checkpoint(root, request.param), tmp_path_factory.mktemp("logs") / "s.log", "--spec", "auto",
                "--no-gate", "--drafts", "4")

@@ -145,7 +145,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             raise ApiError("tool_choice needs tools", "tool_choice")
         if choice == "none":
             tools = None
-        names = {t.function.name for t in tools or []}
+        names = {t.function.name: t.function.parameters for t in tools or []}
         only = choice.function.name if isinstance(choice, NamedToolChoice) else None
         if only is not None and only not in names:
             raise ApiError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")

@@ -9,6 +9,9 @@ Each family's convention, found from its own template:
   tools variable).
 * **llama3**: a bare JSON object `{"name": .., "parameters": {..}}`, after an
   optional `<|python_tag|>`; results in the `ipython` role (Llama 3.1+).
+* **qwen_xml**: `<tool_call>\n<function=NAME>\n<parameter=K>\nVALUE\n</parameter>\n
+  </function>\n</tool_call>` (Qwen3.5's template: strings raw, other values
+  as JSON).
 * **gemma**: Python calls in a ```` ```tool_code ```` block, results in a
   ```` ```tool_output ```` block (Gemma 3's function-calling guide: its
   template has no tools variable and only alternating user/model turns).
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from .constraint import check_schema
 from .schema import ApiError
 
-HERMES, LLAMA3, GEMMA = "hermes", "llama3", "gemma"
+HERMES, QWEN_XML, LLAMA3, GEMMA = "hermes", "qwen_xml", "llama3", "gemma"
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TOOL_CODE = "```tool_code"
 
@@ -41,6 +44,8 @@ class Family:
 
 def family_of(template: str | None) -> Family:
     t = template or ""
+    if OPEN in t and "<function=" in t:
+        return Family(QWEN_XML, "tools" in t)
     if OPEN in t:
         return Family(HERMES, "tools" in t)
     if "<|python_tag|>" in t or "ipython" in t:
@@ -179,6 +184,14 @@ def _params(f) -> dict:
     return f.parameters if f.parameters is not None else {"type": "object"}
 
 
+def _xml_value(schema: dict) -> str:
+    """A parameter's value as Qwen3.5 writes it: a string raw (no markup, one
+    line, at most maxLength), anything else as JSON."""
+    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        return f"/[^<\\n]{{0,{int(schema.get('maxLength', 256))}}}/"
+    return "%json " + json.dumps({**schema, "x-guidance": COMPACT})
+
+
 def forced_grammar(fam: Family, tools, only: str | None, parallel: bool) -> str:
     """Lark for llguidance: one call of the named tool, or one or more (one
     unless parallel) of any declared tool, written in the family's format."""
@@ -192,6 +205,15 @@ def forced_grammar(fam: Family, tools, only: str | None, parallel: bool) -> str:
                                 for k in req if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
             alts.append(f'"{f.name}(" {kws} ")"' if kws else f'"{f.name}()"')
         call = '"```tool_code\\n" (' + " | ".join(alts) + ') "\\n```"'
+    elif fam.fmt == QWEN_XML:
+        alts = []
+        for f in fs:
+            p = _params(f)
+            props, req = p.get("properties") or {}, p.get("required") or []
+            params = " ".join(f'"<parameter={k}>\\n" {_xml_value(props.get(k, {}))} "\\n</parameter>\\n"'
+                              for k in req if re.fullmatch(r"[A-Za-z0-9_.-]+", k))
+            alts.append(f'"<tool_call>\\n<function={f.name}>\\n" {params} "</function>\\n</tool_call>"')
+        call = "(" + " | ".join(alts) + ")"
     else:
         key = "parameters" if fam.fmt == LLAMA3 else "arguments"
         one = [{"type": "object", "properties": {"name": {"const": f.name}, key: _params(f)},
@@ -262,15 +284,37 @@ def _python_calls(body: str, names: set[str]) -> list[dict] | None:
     return out or None
 
 
-def parse(text: str, fam: Family, names: set[str]) -> tuple[str, list[dict]]:
-    """(content, tool calls) of a whole answer; text that does not parse is content."""
-    if fam.fmt == HERMES:
+def _xml_calls(body: str, names) -> list[dict] | None:
+    m = re.fullmatch(r"\s*<function=([^>\s]+)>\s*(.*?)</function>\s*", body, flags=re.S)
+    if m is None or m.group(1) not in names:
+        return None
+    props = ((names.get(m.group(1)) or {}).get("properties") or {}) if isinstance(names, dict) else {}
+    args, rest = {}, m.group(2)
+    for k, v in re.findall(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", rest, flags=re.S):
+        args[k] = v if (props.get(k) or {}).get("type") == "string" else _xml_literal(v)
+    if re.sub(r"<parameter=([^>\s]+)>.*?</parameter>", "", rest, flags=re.S).strip():
+        return None
+    return [new_call(m.group(1), args)]
+
+
+def _xml_literal(v: str):
+    try:
+        return json.loads(v)
+    except ValueError:
+        return {"True": True, "False": False, "None": None}.get(v.strip(), v)
+
+
+def parse(text: str, fam: Family, names) -> tuple[str, list[dict]]:
+    """(content, tool calls) of a whole answer; text that does not parse is
+    content. `names`: the declared tools (a dict name -> parameters schema
+    lets Qwen3.5's raw values keep their declared type)."""
+    if fam.fmt in (HERMES, QWEN_XML):
         pieces = re.split(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S)
         if len(pieces) == 1:
             return text, []
         calls = []
         for body in pieces[1::2]:
-            got = _json_calls(body.strip(), names, "arguments")
+            got = _json_calls(body.strip(), names, "arguments") if fam.fmt == HERMES else _xml_calls(body, names)
             if got is None:
                 return text, []
             calls += got
@@ -326,7 +370,7 @@ class ToolStream:
         return out
 
     def _markers(self):
-        if self.fam.fmt == HERMES:
+        if self.fam.fmt in (HERMES, QWEN_XML):
             return [OPEN]
         if self.fam.fmt == GEMMA:
             return [TOOL_CODE]
