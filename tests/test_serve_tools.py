@@ -98,6 +98,8 @@ def test_gemma_calls_take_python_or_json_literals():
     content, calls = parse(text, fam, {"f"})
     assert content == "" and json.loads(calls[0]["function"]["arguments"]) == \
         {"a": True, "b": None, "c": [1, {"d": False}], "e": "x"}
+    assert parse('[f(a=1), f(a=2)]', fam, {"f"})[1] != []                # the bare list form
+    assert parse('f(a=1)', fam, {"f"}) == ('f(a=1)', [])                   # as streaming sees it: content
 
 
 def test_a_stream_sends_content_until_a_call_starts():

@@ -333,17 +333,18 @@ def parse(text: str, fam: Family, names) -> tuple[str, list[dict]]:
                 got += one
         return "", got
     blocks = re.split(r"```tool_code\s*\n(.*?)(?:```|$)", text, flags=re.S)
-    bodies = blocks[1::2] if len(blocks) > 1 else [text.strip()]
+    if len(blocks) == 1:               # no block: only a whole answer that is a list of calls
+        body = text.strip()
+        got = _python_calls(body, names) if body.startswith("[") else None
+        return ("", got) if got else (text, [])
     calls = []
-    for body in bodies:
+    for body in blocks[1::2]:
         for line in [x for x in body.strip().splitlines() if x.strip()]:
             got = _python_calls(line, names)
             if got is None:
                 return text, []
             calls += got
-    if not calls:
-        return text, []
-    return "".join(blocks[0::2]).strip() if len(blocks) > 1 else "", calls
+    return ("".join(blocks[0::2]).strip(), calls) if calls else (text, [])
 
 
 class ToolStream:
