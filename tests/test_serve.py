@@ -136,7 +136,7 @@ BAD = [
     (json.dumps({"model": "echo0", "prompt": "x", "temperature": 3}).encode(), 400, "temperature"),
     (json.dumps({"model": "echo0", "prompt": "x", "top_p": 0}).encode(), 400, "top_p"),
     (json.dumps({"model": "echo0", "prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
-    (json.dumps({"model": "echo0", "prompt": "x", "n": 2}).encode(), 400, "n"),
+    (json.dumps({"model": "echo0", "prompt": "x", "n": 9}).encode(), 400, "n"),
     (json.dumps({"model": "echo0", "prompt": [1, 99999]}).encode(), 400, "out of range"),
     (json.dumps({"model": "echo0", "prompt": "x " * 3000}).encode(), 400, "context"),
     (json.dumps({"model": "echo0", "prompt": "x", "max_tokens": 5000}).encode(), 400, "exceed the context"),

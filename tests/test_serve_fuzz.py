@@ -21,17 +21,34 @@ from serve_helpers import Server  # noqa: E402
 EXAMPLES = 2200
 FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
           "stream_options", "n", "user", "logprobs", "echo", "top_logprobs", "max_completion_tokens",
-          "presence_penalty", "frequency_penalty", "name", "role", "content"]
+          "presence_penalty", "frequency_penalty", "name", "role", "content",
+          # the agent fields (issue 41)
+          "top_k", "min_p", "repetition_penalty", "logit_bias", "tools", "tool_choice", "parallel_tool_calls",
+          "response_format", "grammar", "tool_calls", "tool_call_id", "function", "type", "json_schema",
+          "schema", "parameters", "arguments", "include_usage", "tokens", "with_pieces", "add_special"]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}}}
 BASES = {
     "/v1/completions": {"model": "echo0", "prompt": "def f(x):", "max_tokens": 2, "temperature": 0},
     "/v1/chat/completions": {"model": "echo0", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
     "/v1/pins": {"name": "fz", "prompt": "def f"},
+    "/tokenize": {"content": "def f"},
+    "/detokenize": {"tokens": [5, 9]},
 }
+# whole valid-looking parts, so that mutations reach the code behind the schema checks
+SHAPES = st.sampled_from([
+    [TOOL], TOOL, "required", "auto", "none", {"type": "function", "function": {"name": "f"}},
+    {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}},
+    {"type": "integer", "minimum": 3, "maximum": 1}, {"$ref": "#/nope"}, 'root ::= "a" | "b"', "start: foo",
+    'start: /[a-z]+/', {"5": 3.0}, {"99999": 1}, [{"id": "c", "type": "function",
+                                                    "function": {"name": "f", "arguments": "{}"}}],
+    {"role": "tool", "tool_call_id": "c", "content": "r"}, {"include_usage": True}])
 
 texts = st.one_of(st.text(max_size=12), st.sampled_from(["\ud800", "a\udfffb", "\ud83d", "é" * 300, "", "echo0"]))
 numbers = st.one_of(st.integers(), st.integers(-2 ** 70, 2 ** 70), st.floats(allow_nan=True, allow_infinity=True),
                     st.sampled_from([-1, 0, 1, 2, 2 ** 63 - 1, 2 ** 63, 10 ** 30, 1e308, -0.0]))
-leaves = st.one_of(st.none(), st.booleans(), numbers, texts)
+leaves = st.one_of(st.none(), st.booleans(), numbers, texts, SHAPES)
 values = st.recursive(leaves, lambda c: st.one_of(st.lists(c, max_size=5), st.dictionaries(
     st.one_of(st.sampled_from(FIELDS), texts), c, max_size=4)), max_leaves=12)
 

@@ -1,5 +1,6 @@
 """The HTTP routes: /v1/completions, /v1/chat/completions (streaming and not),
-/v1/models, /health, and /v1/pins (vkspec's prefix pins).
+/v1/models, /health, and /v1/pins (vkspec's prefix pins); utility.py adds
+/tokenize, /detokenize and /metrics.
 
 Every error is an OpenAI-style object ({"error": {"message", "type", "param",
 "code"}}) with a 4xx status; the server keeps running. Requests pass the
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
 import threading
 import time
@@ -27,11 +27,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from ..sampling import Sampler, logprobs as token_logprobs
+from ..sampling import logprobs as token_logprobs
+from .constraint import Grammars, response_constraint
+from .controls import samplers
 from .guard import Guard
-from .schema import ApiError, ChatRequest, CompletionRequest, Message, PinRequest, parse_json, validate
+from .metrics import Metrics
+from .schema import (ApiError, ChatRequest, CompletionRequest, Message, NamedToolChoice, PinRequest,
+                     parse_json, validate)
 from .store import BudgetError
 from .text import TextStream, render_chat
+from .tools import ToolStream, check_tools, family_of, forced_grammar, number_calls, parse, render_messages
+from .utility import add_utility_routes
 
 DISCONNECT_POLL_S = 0.1
 
@@ -58,6 +64,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
     app = FastAPI(title="vkspec", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(Guard, bind_host=bind_host, allow_hosts=allow_hosts, api_key=api_key, max_body=max_body)
     created = int(time.time())
+    metrics = Metrics(engine)
+    engine.on_turn = metrics.turn
 
     async def off_loop(pool, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
@@ -90,7 +98,8 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "vkspec"}]}
+                                            "owned_by": "vkspec", "context_length": engine.ctx,
+                                            "max_model_len": engine.ctx}]}
 
     def encode(prompt) -> list[int]:
         if isinstance(prompt, list):
@@ -108,19 +117,16 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
             return tokenizer.with_bos(ids) if hasattr(tokenizer, "with_bos") else ids
         return tokenizer.encode(prompt)
 
-    def chat_prompt(messages: list[Message]) -> list[int]:
+    eos = getattr(engine, "eos", set())
+    family = family_of(template)
+    grammars = Grammars(tokenizer, engine.model.cfg.vocab_size, eos)
+
+    def chat_prompt(messages: list[Message], tools=None) -> list[int]:
         if template is None:
             raise ApiError("this model has no chat template (tokenizer_config.json)", "messages")
-        msgs = []
-        for m in messages:
-            content = m.content
-            if isinstance(content, list):
-                if any(p.type != "text" for p in content):
-                    raise ApiError("only text content parts are supported", "messages")
-                content = "".join(p.text or "" for p in content)
-            msgs.append({"role": m.role, "content": content or ""})
+        msgs, extra = render_messages(messages, tools, family)
         try:
-            text = render_chat(template, msgs)
+            text = render_chat(template, msgs, extra)
         except Exception as e:                    # noqa: BLE001 - the template's own errors
             raise ApiError(f"the chat template failed: {e}", "messages")
         return encode(text)
@@ -129,6 +135,29 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         if messages is not None:
             return await off_loop(text_pool, chat_prompt, messages)
         return await off_loop(text_pool, encode, prompt)
+
+    def plan(req, chat: bool):
+        """(prompt, constraint factory, tool names to parse or None); every
+        refusal (a 400) happens here, off the event loop."""
+        tools, choice = (req.tools, req.tool_choice) if chat else (None, None)
+        check_tools(tools)
+        if choice is not None and choice != "none" and not tools:
+            raise ApiError("tool_choice needs tools", "tool_choice")
+        if choice == "none":
+            tools = None
+        names = {t.function.name: t.function.parameters for t in tools or []}
+        only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if only is not None and only not in names:
+            raise ApiError(f"tool_choice names {only!r}, which is not among the tools", "tool_choice")
+        constraint = response_constraint(req, grammars)
+        if only is not None or choice == "required":
+            if constraint is not None:
+                raise ApiError("a forced tool call and response_format / grammar exclude each other",
+                               "tool_choice")
+            constraint = grammars.lark_text(forced_grammar(family, tools, only, req.parallel_tool_calls),
+                                            "tool_choice")
+        prompt = chat_prompt(req.messages, tools) if chat else encode(req.prompt)
+        return prompt, constraint, (names or None)
 
     def check_model(req):
         if req.model != model_name:
@@ -175,19 +204,20 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 pass
 
         def on_token(tok, row):
-            delta = stream.push(tok)
+            # an end-of-sequence token ends the turn; its text ("<|im_end|>") is no part of the answer
+            delta = "" if tok in eos else stream.push(tok)
             info = None
             if top is not None:
                 lp, best = token_logprobs(row, tok, top)
                 info = (piece(tok), lp, [(piece(t), v) for t, v in best])
             put(("token", delta, info))
-            return stream.stopped
+            return stream.stopped or sampler.finished
 
         def work():                               # always ends with one "end" or "error"
             try:
                 turn = engine.run(prompt, max_tokens, sampler, on_token, cancel.is_set)
                 tail = stream.flush()
-                finish = "stop" if stream.stopped or turn.finish == "stop" else "length"
+                finish = "stop" if stream.stopped or turn.finish == "stop" or sampler.finished else "length"
                 put(("end", tail, (finish, len(turn.tokens))))
             except Exception as e:                # noqa: BLE001 - reported to the client
                 traceback.print_exception(e, file=sys.stderr)
@@ -232,7 +262,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         return {"tokens": toks, "token_logprobs": [i[1] for i in infos],
                 "top_logprobs": [dict(i[2]) for i in infos], "text_offset": offsets}
 
-    async def respond(request, req, prompt, chat: bool):
+    async def respond(request, req, prompt, constraint, names, chat: bool):
         check_model(req)
         max_tokens = limits(prompt, getattr(req, "max_completion_tokens", None) or req.max_tokens)
         if chat:
@@ -240,11 +270,7 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
         else:
             top = req.logprobs
         # everything that can refuse the request happens before the first byte is sent
-        seed = req.seed if req.seed is not None else secrets.randbits(63)
-        try:
-            sampler = Sampler(temperature=req.temperature, top_p=req.top_p, seed=seed)
-        except ValueError as e:
-            raise ApiError(str(e)) from None
+        choices = await off_loop(text_pool, samplers, req, prompt, engine.model.cfg.vocab_size, constraint)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         now = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -256,38 +282,54 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 d["usage"] = usage
             return "data: " + json.dumps(d) + "\n\n"
 
+        def usage(n_out):
+            return {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
+
         if req.stream:
-            include_usage = bool((req.stream_options or {}).get("include_usage"))
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
 
             async def events():
-                if chat:
-                    yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                 "logprobs": None, "finish_reason": None})
+                n_out = 0
                 try:
-                    async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
-                        if kind == "token":
-                            if not text and info is None:
-                                continue
-                            if chat:
-                                yield chunk({"index": 0, "delta": {"content": text},
-                                             "logprobs": chat_logprobs(info), "finish_reason": None})
-                            else:
-                                yield chunk({"index": 0, "text": text,
-                                             "logprobs": completion_logprobs([info] if info else []),
-                                             "finish_reason": None})
-                        else:
-                            finish, n_out = info
-                            if chat:
-                                if text:
-                                    yield chunk({"index": 0, "delta": {"content": text}, "logprobs": None,
+                    for index, sampler in enumerate(choices):      # one after another
+                        tools = ToolStream(family, names) if names else None
+                        if chat:
+                            yield chunk({"index": index, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None})
+                        async for kind, text, info in run_turn(request, prompt, max_tokens, req, sampler, top):
+                            if tools is not None:
+                                text = tools.push(text)
+                            if kind == "token":
+                                if not text and info is None:
+                                    continue
+                                if chat:
+                                    yield chunk({"index": index, "delta": {"content": text},
+                                                 "logprobs": chat_logprobs(info), "finish_reason": None})
+                                else:
+                                    yield chunk({"index": index, "text": text,
+                                                 "logprobs": completion_logprobs([info] if info else []),
                                                  "finish_reason": None})
-                                yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish})
                             else:
-                                yield chunk({"index": 0, "text": text, "logprobs": None,
-                                             "finish_reason": finish})
-                            if include_usage:
-                                yield chunk(None, {"prompt_tokens": len(prompt), "completion_tokens": n_out,
-                                                   "total_tokens": len(prompt) + n_out})
+                                finish, n = info
+                                n_out += n
+                                if chat:
+                                    calls = []
+                                    if tools is not None:
+                                        rest, calls = tools.finish()
+                                        text += rest
+                                    if text:
+                                        yield chunk({"index": index, "delta": {"content": text},
+                                                     "logprobs": None, "finish_reason": None})
+                                    for k, c in enumerate(number_calls(calls, f"{rid[-12:]}_{index}")):
+                                        yield chunk({"index": index, "delta": {"tool_calls": [{"index": k, **c}]},
+                                                     "logprobs": None, "finish_reason": None})
+                                    yield chunk({"index": index, "delta": {}, "logprobs": None,
+                                                 "finish_reason": "tool_calls" if calls else finish})
+                                else:
+                                    yield chunk({"index": index, "text": text, "logprobs": None,
+                                                 "finish_reason": finish})
+                    if include_usage:
+                        yield chunk(None, usage(n_out))
                 except Exception as e:            # noqa: BLE001 - the stream ends with an error frame
                     if not isinstance(e, ApiError):
                         traceback.print_exception(e, file=sys.stderr)
@@ -297,34 +339,49 @@ def create_app(engine, tokenizer, model_name: str, template: str | None, *, api_
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        text, infos, finish, n_out = "", [], "length", 0
-        async for kind, delta, info in run_turn(request, prompt, max_tokens, req, sampler, top):
-            text += delta
-            if kind == "token" and info is not None:
-                infos.append(info)
-            if kind == "end":
-                finish, n_out = info
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out, "total_tokens": len(prompt) + n_out}
-        if chat:
-            lp = {"content": [c for i in infos for c in chat_logprobs(i)["content"]]} if top is not None else None
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": completion_logprobs(infos), "finish_reason": finish}
-        return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": [choice],
-                "usage": usage}
+        out, n_out = [], 0
+        for index, sampler in enumerate(choices):
+            text, infos, finish = "", [], "length"
+            async for kind, delta, info in run_turn(request, prompt, max_tokens, req, sampler, top):
+                text += delta
+                if kind == "token" and info is not None:
+                    infos.append(info)
+                if kind == "end":
+                    finish, n = info
+                    n_out += n
+            if chat:
+                lp = {"content": [c for i in infos for c in chat_logprobs(i)["content"]]} \
+                    if top is not None else None
+                message = {"role": "assistant", "content": text}
+                if names:
+                    content, calls = parse(text, family, names)
+                    if calls:
+                        message = {"role": "assistant", "content": content or None,
+                                   "tool_calls": number_calls(calls, f"{rid[-12:]}_{index}")}
+                        finish = "tool_calls"
+                out.append({"index": index, "message": message, "logprobs": lp, "finish_reason": finish})
+            else:
+                out.append({"index": index, "text": text, "logprobs": completion_logprobs(infos),
+                            "finish_reason": finish})
+        return {"id": rid, "object": obj, "created": now, "model": model_name, "choices": out,
+                "usage": usage(n_out)}
+
+    add_utility_routes(app, engine=engine, tokenizer=tokenizer, model_name=model_name, metrics=metrics,
+                       body=body, off_loop=off_loop, text_pool=text_pool)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        metrics.request("completions")
         req = await body(request, CompletionRequest)
         check_model(req)
-        return await respond(request, req, await tokens_of(prompt=req.prompt), chat=False)
+        return await respond(request, req, *await off_loop(text_pool, plan, req, False), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        metrics.request("chat_completions")
         req = await body(request, ChatRequest)
         check_model(req)
-        return await respond(request, req, await tokens_of(messages=req.messages), chat=True)
+        return await respond(request, req, *await off_loop(text_pool, plan, req, True), chat=True)
 
     @app.post("/v1/pins")
     async def pin(request: Request):

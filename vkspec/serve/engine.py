@@ -41,6 +41,8 @@ class Turn:
     reused: int = 0
     counters: object = None
     cancelled: bool = False
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
 
 
 class Engine:
@@ -56,6 +58,7 @@ class Engine:
         self.store = StateStore(budget_bytes, cache_size)
         self.turns = 0
         self.cancelled = 0
+        self.on_turn = None                          # on_turn(turn, prompt_len) after each turn (metrics)
 
     @property
     def ctx(self) -> int:
@@ -181,6 +184,7 @@ class Engine:
                 finally:
                     self._adopt()
                 turn.tokens, turn.counters = res.tokens, res.counters
+                turn.prefill_s, turn.decode_s = res.prefill_s, res.decode_s
                 turn.finish = "stop" if (res.tokens and res.tokens[-1] in self.eos) else "length"
             except Cancelled as e:
                 turn.tokens, turn.cancelled = list(e.tokens), True
@@ -200,4 +204,6 @@ class Engine:
             print(f"[vkspec serve] turn {self.turns}: prompt {len(prompt)} (reused {turn.reused}), "
                   f"{len(turn.tokens)} tokens, {line}, {time.perf_counter() - t0:.3f} s",
                   file=sys.stderr, flush=True)
+            if self.on_turn is not None:
+                self.on_turn(turn, len(prompt))
             return turn

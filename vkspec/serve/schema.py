@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 SEED_MAX = 2 ** 63 - 1          # seeds are 0..2**63-1 (what secrets.randbits(63) draws)
 MAX_STOPS = 4
 MAX_STOP_BYTES = 256            # UTF-8 bytes of one stop string
+MAX_CHOICES = 8                 # n: the choices run one after another, each a whole turn
+MAX_BIAS = 1024                 # logit_bias entries
+MAX_GRAMMAR = 1 << 16           # characters of a grammar field
+MAX_TOOLS = 128
 
 
 class ApiError(Exception):
@@ -73,6 +77,11 @@ def validate(data, cls):
         raise ApiError(msg, param) from None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
 class Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -82,18 +91,29 @@ class Common(BaseModel):
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stop: Union[str, list[str], None] = None
     stream: bool = False
-    stream_options: dict | None = None
-    n: int = 1
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     user: str | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _one_choice(cls, n):
-        if n != 1:
-            raise ValueError("only n = 1 is served")
-        return n
+    def _bias(cls, bias):
+        if bias is None:
+            return None
+        if len(bias) > MAX_BIAS:
+            raise ValueError(f"at most {MAX_BIAS} entries")
+        for k, v in bias.items():
+            if not k.isascii() or not k.isdigit() or len(k) > 9:
+                raise ValueError(f"keys are token ids, got {k[:20]!r}")
+            if not -100.0 <= v <= 100.0:
+                raise ValueError("values are in -100..100")
+        return bias
 
     @field_validator("stop")
     @classmethod
@@ -111,7 +131,26 @@ class Common(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class CompletionRequest(Common):
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class Structured(Common):
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(None, max_length=MAX_GRAMMAR)    # GBNF or Lark (llguidance)
+
+
+class CompletionRequest(Structured):
     prompt: Union[str, list[int]]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: Literal[False] = False
@@ -123,18 +162,61 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
-class ChatRequest(Common):
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatRequest(Structured):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
 
 
 class PinRequest(BaseModel):
@@ -142,3 +224,19 @@ class PinRequest(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     prompt: Union[str, list[int], None] = None
     messages: list[Message] | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """llama-server's /tokenize (model: vLLM's, accepted and checked)."""
+    model_config = ConfigDict(extra="forbid")
+    content: str | None = None
+    prompt: str | None = None                 # vLLM's name for content
+    model: str | None = None
+    add_special: bool = False
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int]
+    model: str | None = None
