@@ -73,7 +73,7 @@ def timed(cmd, env=None) -> tuple[float, int, str, str]:
     """(wall s, peak RSS bytes, stdout, stderr) of one process."""
     t0 = time.perf_counter()
     res = subprocess.run(["/usr/bin/time", "-f", "RSS %M"] + [str(c) for c in cmd], capture_output=True,
-                         text=True, env=env, stdin=subprocess.DEVNULL)
+                         text=True, errors="replace", env=env, stdin=subprocess.DEVNULL)   # random weights: any bytes
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({res.returncode}): {res.stderr[-2000:]}")
