@@ -59,3 +59,11 @@ class Server:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=30)
+
+
+def plain_and_spec(model_dir, logs, backend):
+    """A plain server and one that drafts every round (MTP, lookup where it
+    matches), of one backend on the same model."""
+    plain = Server(model_dir, logs / "plain.log", "--backend", backend, "--spec", "off")
+    spec = Server(model_dir, logs / "spec.log", "--backend", backend, "--spec", "auto", "--no-gate", "--drafts", "4")
+    return plain, spec

@@ -11,7 +11,7 @@ from conftest import require
 from vkspec.tiny import make_tiny
 
 openai = require("openai")
-from serve_helpers import Server  # noqa: E402
+from serve_helpers import plain_and_spec  # noqa: E402
 
 PROMPT = "def f(x):\n    return x + 1\n" * 3
 CONTROLS = dict(temperature=0.9, seed=11, top_p=0.95,
@@ -30,9 +30,7 @@ def servers(request, model_dir, tmp_path_factory):
     if request.param == "vulkan":
         request.getfixturevalue("vk")
     logs = tmp_path_factory.mktemp("logs")
-    plain = Server(model_dir, logs / "plain.log", "--backend", request.param, "--spec", "off")
-    spec = Server(model_dir, logs / "spec.log", "--backend", request.param, "--spec", "auto", "--no-gate",
-                  "--drafts", "4")
+    plain, spec = plain_and_spec(model_dir, logs, request.param)
     yield plain, spec
     plain.stop()
     spec.stop()

@@ -192,6 +192,11 @@ def _xml_value(schema: dict) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": COMPACT})
 
 
+def _props_required(f) -> tuple[dict, list]:
+    p = _params(f)
+    return p.get("properties") or {}, p.get("required") or []
+
+
 def forced_grammar(fam: Family, tools, only: str | None, parallel: bool) -> str:
     """Lark for llguidance: one call of the named tool, or one or more (one
     unless parallel) of any declared tool, written in the family's format."""
@@ -199,8 +204,7 @@ def forced_grammar(fam: Family, tools, only: str | None, parallel: bool) -> str:
     if fam.fmt == GEMMA:
         alts = []
         for f in fs:
-            p = _params(f)
-            props, req = p.get("properties") or {}, p.get("required") or []
+            props, req = _props_required(f)
             kws = ' ", " '.join(f'"{k}=" %json {json.dumps({**props.get(k, {}), "x-guidance": COMPACT})}'
                                 for k in req if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
             alts.append(f'"{f.name}(" {kws} ")"' if kws else f'"{f.name}()"')
@@ -208,8 +212,7 @@ def forced_grammar(fam: Family, tools, only: str | None, parallel: bool) -> str:
     elif fam.fmt == QWEN_XML:
         alts = []
         for f in fs:
-            p = _params(f)
-            props, req = p.get("properties") or {}, p.get("required") or []
+            props, req = _props_required(f)
             params = " ".join(f'"<parameter={k}>\\n" {_xml_value(props.get(k, {}))} "\\n</parameter>\\n"'
                               for k in req if re.fullmatch(r"[A-Za-z0-9_.-]+", k))
             alts.append(f'"<tool_call>\\n<function={f.name}>\\n" {params} "</function>\\n</tool_call>"')
