@@ -8,10 +8,11 @@
  * then +/- (mw * dx) * float(s2); block b into lane b mod 8 from +0; lanes
  * folded l += l + 4, 2, 1. Built with -ffp-contract=off: nothing fuses.
  *
- * A weight row is decoded once into unsigned (or, for Q8_0/int8, signed)
- * bytes with the format's zero point, integer sub-block scales and float
- * block scales, then dotted with every activation row of the call: prefill
- * and verify rows share the decode, and each row's bits stay its own.
+ * Vector builds read a K-quant row from its bytes straight into registers,
+ * one superblock at a time for every activation row of the call (rows_k),
+ * and a 32-column-block row the same way when one row is fed (row_b32_raw);
+ * with more rows such a row is decoded once into bytes (decode_row) and
+ * shared. Plain C decodes every row. Each row's bits stay its own.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -98,8 +99,6 @@ static inline I8 dot32_sr(__m256i a, const int8_t *q) {   /* signed weights: |w|
     return dot32_rr(_mm256_abs_epi8(a), _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)q), a));
 }
 
-static inline I8 dot32_u(const uint8_t *u, const int8_t *q) { return dot32_ur(_mm256_loadu_si256((const __m256i *)u), q); }
-static inline I8 dot32_s(const uint8_t *w, const int8_t *q) { return dot32_sr(_mm256_loadu_si256((const __m256i *)w), q); }
 
 static inline I8 hsum8(const I8 *p) {          /* lane k: the sum of p[k]'s eight lanes */
     __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
