@@ -340,13 +340,19 @@ def test_compiled_math_has_no_fused_multiply_add():
     assert "vfmadd" not in asm and "vfmsub" not in asm and "vfnmadd" not in asm
 
 
-@pytest.mark.parametrize("nv,dk,dv,n", [(1, 1, 1, 1), (4, 48, 48, 5), (2, 130, 7, 3)])
+@pytest.mark.parametrize("nv,dk,dv,n", [(1, 1, 1, 1), (4, 48, 48, 5), (2, 130, 7, 3), (2, 128, 128, 4),
+                                        (3, 20, 5, 3)])
 def test_compiled_delta_rule_scan_is_the_numpy_definition(nv, dk, dv, n, monkeypatch):
     """cpu.deltanet_scan compiled against the row-by-row NumPy definition:
-    outputs, the state after every kept row, and the final state."""
+    outputs, the state after every kept row, and the final state; both
+    compiled kernels (dk <= 128 in steps of 4: two passes a row; else four),
+    with -0 products (a zero key column, a zero state row) in the sums."""
     rng = np.random.default_rng(nv * dk + dv)
     S0 = rng.standard_normal((nv, dk, dv)).astype(np.float32)
+    S0[:, -1] = 0
     q, k = (rng.standard_normal((2, n, nv, dk)) * 0.3).astype(np.float32)
+    k[..., 0] = -0.0
+    q[..., -1] = -q[..., -1]
     v = rng.standard_normal((n, nv, dv)).astype(np.float32)
     beta, decay = rng.uniform(0, 1, (2, n, nv)).astype(np.float32)
     decay[0, 0] = np.float32(1e-39)                 # a denormal decay

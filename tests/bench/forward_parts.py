@@ -22,7 +22,8 @@ from vkspec.loader import load_model
 
 KERNELS = ((qdot, "gemvs", "q8 GEMVs"), (qdot, "gemvs_each", "q8 GEMVs"), (jit_blocks, "_gemv", "block GEMVs"), (jit, "_gemv", "f32 GEMVs"), (jit_attend, "_attend", "attention"),
            (jit_math, "_rms_rows", "norms"), (jit_math, "_rope_rows", "RoPE"),
-           (jit_math, "_elementwise_kernel", "activations"), (jit_math, "_softmax_rows", "softmax"))
+           (jit_math, "_elementwise_kernel", "activations"), (jit_math, "_softmax_rows", "softmax"),
+           (jit_math, "_deltanet_scan", "DeltaNet"), (jit_math, "_deltanet_scan_fused", "DeltaNet"))
 
 
 def main() -> None:

@@ -240,13 +240,82 @@ def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
             snaps[i] = S
 
 
+@njit(inline="always", boundscheck=False, error_model="numpy")
+def _lane_tree(s, dk, out):
+    """fold_columns' tree over lane sums s (32, D), of which the first dk / 4
+    are filled; the rest are +0 (no lane sum is -0: each product enters as
+    +0 + p), so adding them is the identity, as in exact._finish."""
+    for lane in range(dk // 4, 32):
+        for d in range(s.shape[1]):
+            s[lane, d] = _ZERO
+    stride = 16
+    while stride > 0:
+        for j in range(stride):
+            for d in range(s.shape[1]):
+                s[j, d] = s[j, d] + s[j + stride, d]
+        stride //= 2
+    for d in range(s.shape[1]):
+        out[d] = s[0, d]
+
+
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def _deltanet_scan_fused(S, q, k, v, beta, decay, out, snaps):
+    """_deltanet_scan for dk <= 128, dk % 4 == 0, in two passes over each
+    head's state instead of four: the decay with the k-columns, the update
+    with the q-columns (and the kept copy). Each product is its own lane
+    (dk <= 128), so a lane's value is +0 + product and the four lanes of a
+    lane sum are added as they are produced: the same operations on the same
+    values as _columns, without the (128, D) lane array."""
+    nv, dk, dv = S.shape
+    s = np.empty((32, dv), F)
+    mem = np.empty(dv, F)
+    delta = np.empty(dv, F)
+    for i in range(q.shape[0]):
+        keep = i < snaps.shape[0]
+        for h in range(nv):
+            sh, kh, qh = S[h], k[i, h], q[i, h]
+            g = decay[i, h]
+            for t in range(0, dk, 4):
+                k0, k1, k2, k3 = kh[t], kh[t + 1], kh[t + 2], kh[t + 3]
+                for d in range(dv):
+                    a0 = sh[t, d] * g
+                    a1 = sh[t + 1, d] * g
+                    a2 = sh[t + 2, d] * g
+                    a3 = sh[t + 3, d] * g
+                    sh[t, d] = a0
+                    sh[t + 1, d] = a1
+                    sh[t + 2, d] = a2
+                    sh[t + 3, d] = a3
+                    s[t // 4, d] = ((_ZERO + k0 * a0) + (_ZERO + k1 * a1)) + ((_ZERO + k2 * a2) + (_ZERO + k3 * a3))
+            _lane_tree(s, dk, mem)
+            for d in range(dv):
+                delta[d] = (v[i, h, d] - mem[d]) * beta[i, h]
+            for t in range(0, dk, 4):
+                k0, k1, k2, k3 = kh[t], kh[t + 1], kh[t + 2], kh[t + 3]
+                q0, q1, q2, q3 = qh[t], qh[t + 1], qh[t + 2], qh[t + 3]
+                for d in range(dv):
+                    a0 = sh[t, d] + k0 * delta[d]
+                    a1 = sh[t + 1, d] + k1 * delta[d]
+                    a2 = sh[t + 2, d] + k2 * delta[d]
+                    a3 = sh[t + 3, d] + k3 * delta[d]
+                    sh[t, d] = a0
+                    sh[t + 1, d] = a1
+                    sh[t + 2, d] = a2
+                    sh[t + 3, d] = a3
+                    s[t // 4, d] = ((_ZERO + q0 * a0) + (_ZERO + q1 * a1)) + ((_ZERO + q2 * a2) + (_ZERO + q3 * a3))
+                if keep:
+                    snaps[i, h, t:t + 4] = sh[t:t + 4]
+            _lane_tree(s, dk, out[i, h])
+
+
 def deltanet_scan(S, q, k, v, beta, decay, keep: int):
     """cpu.deltanet_scan, compiled; S (contiguous float32) is updated in place."""
     assert S.dtype == F and S.flags.c_contiguous
     c = [np.ascontiguousarray(a, dtype=F) for a in (q, k, v, beta, decay)]
     out = np.empty(c[2].shape, F)
     snaps = np.empty((keep,) + S.shape, F)
-    _deltanet_scan(S, *c, out, snaps)
+    dk = S.shape[1]
+    (_deltanet_scan_fused if dk <= 128 and dk % 4 == 0 else _deltanet_scan)(S, *c, out, snaps)
     return out, snaps
 
 
@@ -330,5 +399,8 @@ def machine_code() -> str:
              (_rope_rows, (np.ones((2, 3, 8), F), np.ones((2, 6), F), np.ones((2, 6), F), np.empty((2, 3, 8), F))),
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
-                               np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))))
+                               np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))),
+             (_deltanet_scan_fused, (np.ones((2, 4, 9), F), np.ones((1, 2, 4), F), np.ones((1, 2, 4), F),
+                                     np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
+                                     np.empty((1, 2, 9), F), np.empty((1, 2, 4, 9), F))))
     return "\n".join(code for d, args in calls for code in numba_cache.machine_code(d, *args))
