@@ -44,9 +44,20 @@ class HostState:
     mtp_k: np.ndarray | None = None
     mtp_v: np.ndarray | None = None
     block: tuple | None = None
+    before: tuple | None = None     # the CPU backend's buffers for the state before a block
 
     def recurrent_copy(self):
         return [c.copy() for c in self.conv], [s.copy() for s in self.ssm]
+
+    def copy_before(self):
+        """The recurrent state copied into buffers allocated once: a new copy
+        per block would fault its megabytes of fresh pages in every time."""
+        if self.before is None:
+            self.before = self.recurrent_copy()
+        else:
+            for dst, src in zip(self.before[0] + self.before[1], self.conv + self.ssm):
+                np.copyto(dst, src)
+        return self.before
 
     def set_recurrent(self, copy):
         conv, ssm = copy

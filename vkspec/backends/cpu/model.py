@@ -108,7 +108,7 @@ class CpuModel:
         x = ops.embed(self.w.embed, tokens, self.cfg.embedding_scale)
         copies = min(n - 1, n - 1 if copies is True else int(copies))
         kept = [([], []) for _ in range(copies)]
-        st.block = (st.kv_len, n, st.recurrent_copy(), kept)
+        st.block = (st.kv_len, n, st.copy_before(), kept)
         ai = di = 0
         for lw in self.w.layers:
             if lw.kind == "full_attention":
