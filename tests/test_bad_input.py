@@ -160,5 +160,12 @@ def test_speculative_bench_writes_table_json_and_plot(tmp_path):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "bench.md").read_text().startswith("vkspec bench:")
     assert "vkspec bench" in res.stderr                # the progress bar
+    assert len({r["digest"] for r in rows if r["prompt"] == "chat"}) == 1
+    alone = vkspec("bench", str(d), "-n", "12", "--backends", "cpu", "--modes", "auto", "--prompts", "chat",
+                   "--json")                       # no off row: nothing to compare with, and no crash
+    assert alone.returncode == 0, alone.stderr
+    (row,) = json.loads(alone.stdout)
+    assert row["identical"] is None and row["speedup"] is None
+    assert row["digest"] == next(r["digest"] for r in rows if r["prompt"] == "chat")
     bad = vkspec("bench", str(d), "--backends", "cpu", "--rounds", "0", "--out", str(tmp_path / "b2"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--rounds" in bad.stderr, bad.stderr

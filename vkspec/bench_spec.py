@@ -125,7 +125,8 @@ def _row(backend, pname, mode, runs, plain_runs, plain, tok) -> dict:
     tok_s = med(x.decode_tok_s for x, _ in runs)
     base = med(x.decode_tok_s for x, _ in plain_runs) if plain_runs else None
     return dict(
-        backend=backend, prompt=pname, mode=mode, rounds=len(runs), tokens=len(r.tokens), forwards=r.forwards,
+        backend=backend, prompt=pname, mode=mode, rounds=len(runs), tokens=len(r.tokens), digest=r.digest,
+        forwards=r.forwards,
         tokens_per_forward=med(len(x.tokens) / max(x.forwards, 1) for x, _ in runs), drafted=c.drafted,
         accepted=c.accepted, acceptance=c.accepted / c.drafted if c.drafted else None,
         by_position=[t / k for k, t in zip(c.carried, c.taken) if k],
@@ -151,9 +152,13 @@ def table(rows, model_dir, n) -> str:
         acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%} ({r['accepted']}/{r['drafted']})"
         pos = " ".join(f"{p:.0%}" for p in r["by_position"]) or "-"
         lines.append(f"| {r['backend']} | {r['prompt']} | {r['mode']} | {r['tokens_per_forward']:.2f} | {acc} | "
-                     f"{pos} | {r['decode_tok_s']:.2f} | {r['speedup']:.2f} | {r['ttft_s']:.2f} | "
-                     f"{'yes' if r['identical'] else 'NO'} |")
+                     f"{pos} | {r['decode_tok_s']:.2f} | {_cell(r['speedup'])} | {r['ttft_s']:.2f} | "
+                     f"{'-' if r['identical'] is None else 'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    return "-" if v is None else f"{v:.2f}"     # no off row to compare with
 
 
 def plot(rows, path, title):
