@@ -24,6 +24,9 @@ prompt is `vkspec bench`'s code edit, rendered with the model's chat
 template, fed to both as the same text.
 
 Rows (medians over the rounds):
+Both programs run with a context of 4096 tokens (vkspec --ctx, llama.cpp -c),
+so that their KV caches are the same size.
+
 * start: wall time and peak RSS (/usr/bin/time %M) of a run that generates
   one token (vkspec run MODEL -n 1; llama-completion -n 1);
 * prefill tok/s of the prompt, plain decode tok/s, prompt lookup decode tok/s
@@ -57,6 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from vkspec.bench_spec import PROMPTS  # noqa: E402
 
+CTX = 4096          # both programs' context length (peak RSS counts the KV cache)
+
 
 def rendered_prompt(model) -> tuple[str, int]:
     """The code-edit prompt as text (chat template applied) and its token count."""
@@ -81,30 +86,41 @@ def timed(cmd, env=None) -> tuple[float, int, str, str]:
     return wall, rss, res.stdout, res.stderr
 
 
-def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False, activations="q8"):
+def vkspec_run(model, prompt_file, n, backend, spec, env, stop_eos=False, activations="q8", ctx=CTX, extra=()):
     text = Path(prompt_file).read_text()
     wall, rss, out, _ = timed([sys.executable, "-m", "vkspec.cli", "run", model, "--prompt", text, "-n", n,
-                               "--backend", backend, "--spec", spec, "--json", "--activations", activations]
-                              + ["--stop-eos"] * stop_eos, env)
+                               "--backend", backend, "--spec", spec, "--json", "--activations", activations,
+                               "--ctx", ctx, *extra] + ["--stop-eos"] * stop_eos, env)
     d = json.loads(out)
     return dict(wall=wall, rss=rss, prefill_tok_s=d["prompt_tokens"] / max(d["prefill_s"], 1e-9),
-                decode_tok_s=d["decode_tok_s"], tokens=d["tokens"], tpf=d["tokens_per_forward"])
+                decode_tok_s=d["decode_tok_s"], tokens=d["tokens"], tpf=d["tokens_per_forward"], text=d["text"],
+                counters=d.get("counters"))
 
 
 _EVAL = re.compile(r"(prompt eval|eval) time =\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs).*?([\d.]+) tokens per second")
+_ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 
 
-def llama(bin_dir, tool, model, prompt_file, n, extra=(), env=None):
+def llama(bin_dir, tool, model, prompt_file, n, extra=(), env=None, ctx=CTX):
     cmd = [Path(bin_dir) / tool, "-m", model, "-f", prompt_file, "-n", n, "--temp", "0", "-t", "2",
-           "--no-escape", *extra]
-    wall, rss, out, err = timed(cmd, env)
-    got = dict(wall=wall, rss=rss)
+           "-c", ctx, "--no-escape", *extra]
+    for _ in range(3):               # llama-completion sometimes ends early with status 0 and no timings (qwen3next)
+        wall, rss, out, err = timed(cmd, env)
+        kinds = {kind for kind, *_ in _EVAL.findall(err)}
+        if ("prompt eval" if int(n) == 1 else "eval") in kinds or _DECODED.search(err):
+            break
+    else:
+        raise RuntimeError(f"{tool} printed no decode timings in 3 tries: {err[-800:]}")
+    got = dict(wall=wall, rss=rss, text=out)
     for kind, _, _, rate in _EVAL.findall(err):
         got["prefill_tok_s" if kind == "prompt eval" else "decode_tok_s"] = float(rate)
     m = _DECODED.search(err)
     if m:                                     # llama-lookup / speculative report the whole generation
         got["decode_tok_s"] = float(m.group(3))
+    m = _ACCEPT.search(err)
+    if m:
+        got["accept"] = float(m.group(1)) / 100
     return got
 
 
@@ -153,7 +169,7 @@ def per_file(a) -> int:
         print(f"| {Path(model).name} ({prompts[model][1]} prompt tokens) | " + " | ".join(f"{v:.2f}" for v in cells) + " |")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"rows": out, "runs": {f"{Path(m).name} {who}": [
-        {f: v for f, v in r.items() if f != "tokens"} for r in rs] for (m, who), rs in runs.items()}}, indent=1) + "\n")
+        {f: v for f, v in r.items() if f not in ("tokens", "text")} for r in rs] for (m, who), rs in runs.items()}}, indent=1) + "\n")
     return 0
 
 
@@ -240,7 +256,7 @@ def main() -> int:
         fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         print(f"| {name} | {fmt(ours)} | {fmt(theirs)} | {fmt(ratio)} |")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"rows": rows, "runs": {k: [{f: v for f, v in r.items() if f != "tokens"}
+    Path(a.out).write_text(json.dumps({"rows": rows, "runs": {k: [{f: v for f, v in r.items() if f not in ("tokens", "text")}
                                                                   for r in rs] for k, rs in runs.items()}},
                                       indent=1) + "\n")
     return 0
