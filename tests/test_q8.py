@@ -45,7 +45,7 @@ def q8_inputs(rng, n, cols):
             np.full(cols, 1e-40), rng.standard_normal(cols), rng.standard_normal(cols),
             np.r_[np.full(32, 1e-39), rng.standard_normal(cols - 32)], np.tile([127.0, 63.5, -0.5, 1.5], cols // 4)]
     edge[4][5] = np.inf
-    edge[5][300] = np.nan
+    edge[5][300 % cols] = np.nan
     return x, np.asarray(edge, np.float32)
 
 
@@ -117,16 +117,21 @@ def test_compiled_q8_gemv_is_the_definition(fmt, isa, monkeypatch):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", K_TYPES)
 def test_short_k_quant_rows(fmt, isa, monkeypatch):
-    """Rows of fewer superblocks than a group of 8 (2; 3: Qwen3-MoE's expert down,
-    768 columns), exactly 8, and 8 plus 7: the short group's missing lanes
-    change no bit."""
+    """Rows of fewer superblocks than a group of 8 (1; 2: Qwen3.6's expert down,
+    512 columns; 3: Qwen3-MoE's, 768; 5), exactly 8, and 8 plus 7: the short
+    group's missing lanes change no bit. Rows of fewer than 8 superblocks
+    are taken several to a group (8 // superblocks, the last group of 21 rows
+    short; a permuted weight row by row): each row's bits stay its own."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(8)
-    for cols in (512, 768, 2048, 3840):
-        w = random_weight(fmt, 20, cols, rng)
+    for cols in (256, 512, 768, 1280, 2048, 3840):
+        w = random_weight(fmt, 21, cols, rng)
         x, edge = q8_inputs(rng, 5, cols)
-        bits_equal(qdot.gemv(w, x), definition(w, x))
+        for n in (1, 2, 5):
+            bits_equal(qdot.gemv(w, x[:n]), definition(w, x[:n]))
         bits_equal(qdot.gemv(w, edge), definition(w, edge))
+        p = w.reordered(rng.permutation(w.rows))
+        bits_equal(qdot.gemv(p, x[:2]), definition(p, x[:2]))
 
 
 @pytest.mark.parametrize("fmt", Q8_FORMATS)

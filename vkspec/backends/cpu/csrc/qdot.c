@@ -9,8 +9,10 @@
  * folded l += l + 4, 2, 1. Built with -ffp-contract=off: nothing fuses.
  *
  * Vector builds read a K-quant row from its bytes straight into registers,
- * one superblock at a time for every activation row of the call (rows_k),
- * and a 32-column-block row the same way when one row is fed (row_b32_raw);
+ * one superblock at a time for every activation row of the call (rows_k, in
+ * qdot_rows_k.h; rows of fewer than 8 superblocks, an expert's down, several
+ * to a group of 8: rows_k_short), and a 32-column-block row the same way
+ * when one row is fed (row_b32_raw);
  * with more rows such a row is decoded once into bytes (decode_row) and
  * shared. Plain C decodes every row. Each row's bits stay its own.
  */
@@ -197,145 +199,7 @@ static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
 #endif
 
 
-#if defined(__AVX2__)
-#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
-/* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock, its
- * values and lane scales in registers (U[c], S[c]: columns 32c .. 32c + 31) */
-static inline I8 sb_dot(const __m256i *U, const __m256i *S, const int8_t *q) {
-    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int c = 0; c < 8; c++) {
-        const __m256i qc = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-#if defined(__AVXVNNI__)
-        acc[c & 1] = _mm256_dpwssd_avx_epi32(acc[c & 1], _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), U[c], qc), S[c]);
-#else
-        acc[c & 1] = _mm256_add_epi32(acc[c & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(U[c], qc), S[c]));
-#endif
-    }
-    return _mm256_add_epi32(acc[0], acc[1]);
-}
-#endif
-
-/* int32 lanes whose sum is sum_g a_g * b_g over 16 groups, both int16 */
-static inline I8 dot16(const int16_t *a, const int16_t *b) {
-    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
-}
-#endif
-
-#if !defined(__AVX2__)
-/* one K-quant superblock's integer sums against one activation row: s1 = sum_g sc_g (u.q - z sum q)
- * over its 16-column groups g, s2 = sum_g mn_g sum q */
-static inline void sb_sums(const Row *w, int64_t b, int z, int mins, const int8_t *q, const int16_t *s16,
-                           int32_t *s1, int32_t *s2) {
-    const uint8_t *u = w->u + 256 * b;
-    const int8_t *qb = q + 256 * b;
-    const int16_t *sg = s16 + 16 * b;
-    const int8_t *sc = w->sc + 16 * b, *mn = w->mn + 16 * b;
-    int32_t d = 0, zs = 0, m = 0;
-    for (int g = 0; g < 16; g++) {
-        int32_t s = 0;
-        for (int i = 0; i < 16; i++) s += u[16 * g + i] * qb[16 * g + i];
-        d += sc[g] * s;
-        zs += sc[g] * sg[g];
-        m += mn[g] * sg[g];
-    }
-    *s1 = d - z * zs;
-    *s2 = mins ? m : 0;
-}
-
-/* one activation row against a decoded K-quant row, superblock by superblock (plain C) */
-static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16) {
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t b = 0; b < nb; b++) {
-        int32_t s1, s2;
-        sb_sums(w, b, z, mins, q, s16, &s1, &s2);
-        float a = (w->dw[b] * dx[b]) * (float)s1;
-        if (mins) a = a - (w->mw[b] * dx[b]) * (float)s2;
-        l[b & 7] = l[b & 7] + a;
-    }
-    return fold8(l);
-}
-#endif
-
-#if defined(__AVX2__)
-/* one superblock against one activation row, its weights and lane scales already in registers */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q) {
-    __m512i a0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[0], _mm512_loadu_si512(q)), S[0]);
-    __m512i a1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[1], _mm512_loadu_si512(q + 64)), S[1]);
-    a0 = _mm512_dpwssd_epi32(a0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[2], _mm512_loadu_si512(q + 128)), S[2]);
-    a1 = _mm512_dpwssd_epi32(a1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[3], _mm512_loadu_si512(q + 192)), S[3]);
-    a0 = _mm512_add_epi32(a0, a1);
-    return _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
-}
-#endif
-
-/* every activation row against a K-quant row read from its bytes: superblocks outer, rows inner,
- * so that a superblock's values and lane scales are made once for all the rows (L1's load ports,
- * not the arithmetic, bound the rows-outer order). Groups of 8 superblocks, one float lane each; a
- * row's last group may be short (Qwen3-MoE's experts: 3 superblocks a row): its missing lanes
- * add +0, which changes no bit (a lane starts at +0 and is never -0).
- * P: 8 n vectors, L: 8 n floats of scratch. */
-static inline __attribute__((always_inline)) void rows_k_at(
-        const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
-        int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L, const int f) {
-    const int bb = BLOCK_BYTES[f];
-    for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
-    const I8 none = _mm256_setzero_si256();
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int64_t b = 0; b < nb; b += 8) {
-        const int rem = nb - b < 8 ? (int)(nb - b) : 8;
-        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), iota);
-        __m256 dw, mw;
-        __m256i m16[8];           /* per superblock and group, what multiplies the group's sum of q */
-        sb_floats_held(f, w->raw + bb * b, bb, rem, &dw, &mw);
-        for (int j = 0; j < rem; j++) {
-            const uint8_t *raw = w->raw + bb * (b + j);
-            const __m128i g = sb_groups_held(f, raw, &m16[j]);
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-            __m512i U[4], S[4];
-            sb_held(f, raw, U);
-            lane_scales_held(g, S);
-            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + 256 * (b + j));
-#else
-            __m256i U[8], S[8];
-            sb_values32(f, raw, U);
-            for (int c = 0; c < 8; c++) S[c] = lane_scale32(g, c);
-            for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(U, S, q + r * cols + 256 * (b + j));
-#endif
-        }
-        for (int64_t r = 0; r < n; r++) {
-            const int16_t *sr = s16 + r * (cols / 16) + 16 * b;
-            I8 t[8];
-            for (int j = 0; j < 8; j++) {
-                t[j] = j < rem ? dot16((const int16_t *)&m16[j], sr + 16 * j) : none;
-                if (j >= rem) P[8 * r + j] = none;
-            }
-            __m256i s1 = hsum8(P + 8 * r), s2 = _mm256_setzero_si256();
-            if (z) s1 = _mm256_sub_epi32(s1, hsum8(t));
-            if (mins) s2 = hsum8(t);
-            __m256 x = _mm256_maskload_ps(dx + r * nb + b, live);
-            __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
-            if (mins) a = _mm256_sub_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(s2)));
-            _mm256_storeu_ps(L + 8 * r, _mm256_add_ps(_mm256_loadu_ps(L + 8 * r), a));
-        }
-    }
-    for (int64_t r = 0; r < n; r++) y[r * ys] = fold8(L + 8 * r);
-}
-
-/* one instance per format: its shift counts, masks and permutations are constants the loops hoist */
-static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
-                   int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
-    switch (w->fmt) {
-    case F_Q2_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q2_K); return;
-    case F_Q3_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q3_K); return;
-    case F_Q4_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q4_K); return;
-    case F_Q5_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q5_K); return;
-    default:     rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q6_K); return;
-    }
-}
-#endif
+#include "qdot_rows_k.h"
 
 
 /* One matrix of a vk_q8_gemvs call; mirrored by qdot.py's Mat. */
@@ -353,10 +217,27 @@ typedef struct {
 
 typedef struct { int8_t *q; float *d; int16_t *s16; int32_t *s32; } Acts;
 
+static inline int has_mins(int f) {
+    return f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
+}
+
+/* rows a group of rows_k_short takes from this matrix (0: row by row): K-quant rows of fewer than
+ * 8 superblocks stored one after another */
+static int short_group(const Mat *m) {
+#if defined(__AVX2__)
+    const int64_t nb = m->cols / 256;
+    if (m->fmt < F_Q2_K || m->order || nb < 1 || nb >= 8 || m->row_bytes != nb * BLOCK_BYTES[m->fmt]) return 0;
+    return (int)(8 / nb);
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
 static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
     const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
-    const int mins = f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
+    const int mins = has_mins(f);
     const int64_t cols = m->cols, nb = cols / fb, src = m->order ? m->order[i] : i;
     o->raw = m->w + src * m->row_bytes;
     o->fmt = f;
@@ -454,6 +335,21 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
              * (8-row chunks handed out in turn read at half the bandwidth) */
             int64_t chunk = m->rows / (4 * threads);
             chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
+            const int g = short_group(m);
+            if (g) {
+#if defined(__AVX2__)
+                const Acts *a = &in->a[1];
+                const int64_t groups = (m->rows + g - 1) / g;
+                #pragma omp for schedule(dynamic, (chunk + g - 1) / g) nowait
+                for (int64_t gi = 0; gi < groups; gi++) {
+                    const int64_t i0 = gi * g;
+                    rows_k_short(m->w + i0 * m->row_bytes, m->fmt, m->cols / 256, m->rows - i0 < g ? (int)(m->rows - i0) : g,
+                                 zero_point(m->fmt), has_mins(m->fmt), a->q, a->d, a->s16, in->n, m->cols,
+                                 m->y + i0, m->y_stride, (I8 *)P);
+                }
+#endif
+                continue;
+            }
             #pragma omp for schedule(dynamic, chunk) nowait
             for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
         }
