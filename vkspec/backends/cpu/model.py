@@ -38,7 +38,7 @@ f32 = np.float32
 
 class CpuModel:
     """The reference: the model on the exact NumPy path (vkspec.interface.Model)."""
-    max_rows = 32
+    max_rows = 256                   # prefill blocks: an expert's weights read once a block, not once every 32 rows
     backend = "cpu"
     recordings = 0                   # nothing is recorded: every shape costs the same from the start
     listed_step = 1
