@@ -23,7 +23,7 @@ Both backends implement :class:`Model`; ``tests/test_interface.py`` checks it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -45,6 +45,7 @@ class HostState:
     mtp_v: np.ndarray | None = None
     block: tuple | None = None
     before: tuple | None = None     # the CPU backend's buffers for the state before a block
+    kept: dict = field(default_factory=dict)     # and for the states after a block's rows, per DeltaNet layer
 
     def recurrent_copy(self):
         return [c.copy() for c in self.conv], [s.copy() for s in self.ssm]
@@ -65,6 +66,17 @@ class HostState:
             dst[...] = src
         for dst, src in zip(self.ssm, ssm):
             dst[...] = src
+
+    def kept_buffer(self, layer: int, rows: int):
+        """Room for DeltaNet layer ``layer``'s state after each of ``rows``
+        rows of a block (None for none), kept from block to block for the
+        same reason as :meth:`copy_before`: as large as the most rows asked."""
+        if rows == 0:
+            return None
+        buf = self.kept.get(layer)
+        if buf is None or buf.shape[0] < rows:
+            buf = self.kept[layer] = np.empty((rows,) + self.ssm[layer].shape, np.float32)
+        return buf[:rows]
 
     def nbytes(self) -> int:
         arrays = self.kv_k + self.kv_v + self.conv + self.ssm + [a for a in (self.mtp_k, self.mtp_v)

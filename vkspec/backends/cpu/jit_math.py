@@ -308,12 +308,12 @@ def _deltanet_scan_fused(S, q, k, v, beta, decay, out, snaps):
             _lane_tree(s, dk, out[i, h])
 
 
-def deltanet_scan(S, q, k, v, beta, decay, keep: int):
+def deltanet_scan(S, q, k, v, beta, decay, keep: int, room=None):
     """cpu.deltanet_scan, compiled; S (contiguous float32) is updated in place."""
     assert S.dtype == F and S.flags.c_contiguous
     c = [np.ascontiguousarray(a, dtype=F) for a in (q, k, v, beta, decay)]
     out = np.empty(c[2].shape, F)
-    snaps = np.empty((keep,) + S.shape, F)
+    snaps = np.empty((keep,) + S.shape, F) if room is None else room[:keep]
     dk = S.shape[1]
     (_deltanet_scan_fused if dk <= 128 and dk % 4 == 0 else _deltanet_scan)(S, *c, out, snaps)
     return out, snaps
