@@ -176,3 +176,10 @@ def test_each_matrix_its_own_input_in_one_call():
     xs = [rng.standard_normal((n, w.cols)).astype(np.float32) for n, w in zip((1, 3, 2, 5), ws)]
     for w, x, y in zip(ws, xs, qdot.gemvs_each(ws, xs)):
         bits_equal(y, definition(w, x))
+    # one input for consecutive matrices (a row set's gates and ups) is quantised once for both
+    # block sizes; the same array again after another, and the same rows in a new array, alike
+    x, other = xs[1][:2].copy(), xs[2]
+    ws2 = [random_weight("q4_k", 12, 2048, rng), ws[1], ws[2], ws[2], ws[1]]
+    xs2 = [x[:1], x, x, other, x.copy()]            # x[:1]: x's address, not its rows
+    for w, xi, y in zip(ws2, xs2, qdot.gemvs_each(ws2, xs2)):
+        bits_equal(y, definition(w, xi))

@@ -152,8 +152,20 @@ def expert_mlps(w, h, idx) -> np.ndarray:
         rows, slot = np.nonzero(idx == e)
         routed.setdefault(rows.tobytes(), (rows, []))[1].append((w.experts[int(e)], slot))
     downs = []                  # (weight, its input, rows, slot): the q8 ones run in one call at the end
-    for rows, experts in routed.values():
-        if all(m.gate.acts == m.up.acts == "q8" for m, _ in experts):
+    q8 = all(m.gate.acts == m.up.acts == "q8" for _, ex in routed.values() for m, _ in ex)
+    together = None
+    if q8 and jit.enabled() and len(routed) > 1:
+        # several row sets (a verify block, a prefill): every gate and up of the layer in one call,
+        # each against its rows (qdot.gemvs_each: the same bits as a call per row set)
+        ws = [[q for m, _ in ex for q in (m.gate, m.up)] for _, ex in routed.values()]
+        xs = [h[rows] for rows, _ in routed.values()]
+        ys = iter(qdot.gemvs_each([q for group in ws for q in group],
+                                  [x for x, group in zip(xs, ws) for _ in group]))
+        together = [[next(ys) for _ in group] for group in ws]
+    for at, (rows, experts) in enumerate(routed.values()):
+        if together is not None:
+            gu = together[at]
+        elif q8:
             # one q8 call for every gate and up the rows feed: one quantisation, one thread team
             gu = gemvs_q8([q for m, _ in experts for q in (m.gate, m.up)], h[rows])
         else:

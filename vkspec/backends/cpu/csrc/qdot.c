@@ -371,15 +371,22 @@ int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threa
 }
 
 /* Matrix k against its own input xs[k] (ns[k] rows of its cols), in one call: a MoE layer's
- * expert downs, each fed by its own expert. */
+ * expert downs, each fed by its own expert, or its gates and ups, each fed by its rows. Matrices
+ * given the same input (pointer, rows, cols) share its quantisation; it is done once per input. */
 int vk_q8_gemvs_each(const Mat *mats, int count, const float *const *xs, const int64_t *ns, int threads) {
     if (count <= 0) return 0;
     Input *ins = calloc((size_t)count, sizeof(Input));
     int *at = calloc((size_t)count, sizeof(int));
-    int r = -1;
+    int r = -1, nin = 0;
     if (ins && at) {
-        for (int k = 0; k < count; k++) { ins[k].x = xs[k]; ins[k].n = ns[k]; ins[k].cols = mats[k].cols; at[k] = k; }
-        r = run(mats, count, ins, count, at, threads);
+        for (int k = 0; k < count; k++) {
+            int i = nin;
+            if (nin && ins[nin - 1].x == xs[k] && ins[nin - 1].n == ns[k] && ins[nin - 1].cols == mats[k].cols)
+                i = nin - 1;                       /* the previous matrix's input: a gate's, for its up */
+            if (i == nin) { ins[nin].x = xs[k]; ins[nin].n = ns[k]; ins[nin].cols = mats[k].cols; nin++; }
+            at[k] = i;
+        }
+        r = run(mats, count, ins, nin, at, threads);
     }
     free(ins);
     free(at);
