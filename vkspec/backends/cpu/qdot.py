@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -112,23 +113,36 @@ class Mat(ctypes.Structure):
                 ("scale_stride", _I), ("order", _P), ("rows", _I), ("cols", _I), ("y", _P), ("y_stride", _I)]
 
 
+_MATS: dict[int, tuple] = {}
+
+
+def _mat(w) -> tuple:
+    """(w's Mat, the arrays its pointers point into), made once a weight and
+    dropped when the weight goes: a MoE step meets a new set of experts, and
+    so a new _Call, every token."""
+    got = _MATS.get(id(w))
+    if got is not None:
+        return got
+    assert w.data.strides[1] == 1
+    scales = np.ascontiguousarray(w.scales, np.float32) if w.fmt in ("int8", "int4-g64") else None
+    order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
+    m = Mat()
+    m.fmt, m.w, m.row_bytes, m.rows, m.cols = FORMAT_IDS[w.fmt], _addr(w.data), w.data.strides[0], w.rows, w.cols
+    m.scales = None if scales is None else _addr(scales)
+    m.scale_stride = 0 if scales is None else scales.shape[1]
+    m.order = None if order is None else _addr(order)
+    got = _MATS[id(w)] = (m, scales, order)
+    weakref.finalize(w, _MATS.pop, id(w), None)    # before its id can be another weight's
+    return got
+
+
 class _Call:
-    """The Mat array of a tuple of weights, made once (with the arrays its
-    pointers point into); a call fills in only the outputs."""
+    """The Mat array of a tuple of weights; a call fills in only the outputs."""
 
     def __init__(self, ws):
         self.ws = ws
-        self.keep = []
-        self.mats = (Mat * len(ws))()
-        for m, w in zip(self.mats, ws):
-            assert w.data.strides[1] == 1
-            scales = np.ascontiguousarray(w.scales, np.float32) if w.fmt in ("int8", "int4-g64") else None
-            order = None if w.order is None else np.ascontiguousarray(w.order, np.int64)
-            self.keep += [scales, order]
-            m.fmt, m.w, m.row_bytes, m.rows, m.cols = FORMAT_IDS[w.fmt], _addr(w.data), w.data.strides[0], w.rows, w.cols
-            m.scales = None if scales is None else _addr(scales)
-            m.scale_stride = 0 if scales is None else scales.shape[1]
-            m.order = None if order is None else _addr(order)
+        self.keep = [_mat(w) for w in ws]                  # and ws: what the pointers point into
+        self.mats = (Mat * len(ws))(*[k[0] for k in self.keep])
 
     def _outputs(self, counts) -> list[np.ndarray]:
         outs = []
