@@ -119,6 +119,16 @@ def test_plan_matches_allocations(vk, moe_dir, budget, snapshots):
     assert d["copy_slots_bytes"] == snapshots * formula
 
 
+def test_plan_clamps_the_context_as_the_model_does(moe_dir):
+    """--ctx past the model's length: the plan reports (and sizes the KV cache
+    for) the positions the model allocates, not the number asked for."""
+    longest = load_model(moe_dir).cfg.max_position_embeddings
+    asked = plan(moe_dir, ctx=4 * longest)
+    assert asked["context"] == load_model(moe_dir, ctx=4 * longest).ctx == longest
+    assert asked == plan(moe_dir, ctx=longest)
+    assert plan(moe_dir)["context"] == load_model(moe_dir).ctx
+
+
 def test_plan_cli_json(moe_dir):
     res = subprocess.run([sys.executable, "-m", "vkspec.cli", "plan", str(moe_dir), "--budget-gb", "0.001",
                           "--snapshots", "3", "--json"], capture_output=True, text=True, env=os.environ)

@@ -84,6 +84,12 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    def context(self, ctx: int | None = None) -> int:
+        """The positions a state holds: ``ctx`` up to the model's own length,
+        or without one the model's, at most 4096 (the one rule: both backends
+        allocate it and ``vkspec plan`` reports it)."""
+        return min(ctx, self.max_position_embeddings) if ctx else min(self.max_position_embeddings, 4096)
+
 
 def _need(d: dict, key: str, src: str, typ=int, lo=None):
     if key not in d:

@@ -73,7 +73,7 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
                       for lw in w.layers if isinstance(lw.ffn, MoeW) for e in lw.ffn.experts)
     made_here = sum(q.nbytes() for q in qweights(w)) if fmt != "f32" else 0
     out = dict(model=str(model_dir), dtype=fmt, activations=activations, q8_matrices=q8_matrices,
-               context=p_ctx(cfg, ctx), mtp=mtp,
+               context=cfg.context(ctx), mtp=mtp,
                snapshots=snapshots, drafts=drafts, copy_slots=slots,
                copy_slot_bytes=per_slot, copy_slots_bytes=per_slot * slots,
                routed_experts=experts_all, file=ckpt.file_bytes(),
@@ -81,10 +81,6 @@ def plan(model_dir, fmt: str = "f32", ctx: int | None = None, tier=None, snapsho
                device_total=p.total, host_ram_cpu=made_here,
                host_ram=(experts_all if tier is not None and fmt != "f32" else 0), **fig)
     return out
-
-
-def p_ctx(cfg, ctx):
-    return ctx or min(cfg.max_position_embeddings, 4096)
 
 
 def table(d: dict) -> str:

@@ -45,7 +45,7 @@ class CpuModel:
 
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
         self.cfg, self.w = cfg, weights
-        self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
+        self.ctx = cfg.context(ctx)
         self.cos, self.sin = rope_tables(cfg, self.ctx)
         # one table per RoPE base, computed once (Gemma 3's local layers: 1e4)
         self.ropes = {None: (self.cos, self.sin)}

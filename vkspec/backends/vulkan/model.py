@@ -44,7 +44,7 @@ class VulkanModel:
         from ...progress import bar
         from ...shaders.limits import check
         self.cfg = cfg
-        self.ctx = min(ctx, cfg.max_position_embeddings) if ctx else min(cfg.max_position_embeddings, 4096)
+        self.ctx = cfg.context(ctx)
         problems = check(cfg)
         if problems:
             raise VkspecError(f"{cfg.source}: {problems[0]}; run it with --backend cpu")
@@ -86,7 +86,7 @@ class VulkanModel:
     def planned(cls, cfg, w, ctx=None, tier=None, slots: int = 0) -> Plan:
         """The memory plan of a chain with `slots` recurrent copy slots, without a device."""
         from ...tier.resident import ExpertTier
-        layout = Layout(cfg, w, ctx or min(cfg.max_position_embeddings, 4096))
+        layout = Layout(cfg, w, cfg.context(ctx))
         return cls.planned_from(layout, ExpertTier(layout, tier) if tier is not None else None, slots)
 
     @property
