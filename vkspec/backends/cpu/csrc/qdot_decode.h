@@ -228,11 +228,12 @@ static inline void sb_floats_held(int f, const uint8_t *raw, int bb, int cnt, __
  * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static inline void lane_scales_held(__m128i sc, __m512i *S) {
-    const __m512i g = _mm512_and_si512(_mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(0xFFFF));
-    for (int k = 0; k < 4; k++)         /* 64 columns: groups 4k .. 4k + 3, four lanes each */
-        S[k] = _mm512_permutexvar_epi32(
-            _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
-                              4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3), g);
+    const __m512i g = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc));
+    for (int k = 0; k < 4; k++) {       /* 64 columns: groups 4k .. 4k + 3, four lanes each */
+        int16_t ix[32];
+        for (int w = 0; w < 32; w++) ix[w] = (int16_t)(4 * k + w / 8);
+        S[k] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_loadu_si512(ix), g);  /* odd words: 0 */
+    }
 }
 
 /* 64 values from the 32 bytes a: ((a[l] >> s0) & mask) in the low half, ((a[l] >> s1) & mask) in
@@ -267,13 +268,19 @@ static inline void sb_held(int f, const uint8_t *p, __m512i *U) {
         for (int c = 0; c < 4; c++)
             U[c] = _mm512_or_si512(halves(p + 48 + 32 * c, 0, 4, 15), _mm512_slli_epi16(halves(p + 16, 2 * c, 2 * c + 1, 1), 4));
         return;
-    default:            /* Q6_K: column 128h + 32s + l from ql[64h + 32(s % 2) + l] >> 4(s / 2) and qh[32h + l] >> 2s */
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m512i ql = _mm512_loadu_si512(p + 64 * (c / 2));
-            const __m512i lo = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(ql, 4) : ql, _mm512_set1_epi8(15));
-            U[c] = _mm512_or_si512(lo, _mm512_slli_epi16(halves(p + 128 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2, 3), 4));
+    default: {          /* Q6_K: column 128h + 32s + l from ql[64h + 32(s % 2) + l] >> 4(s / 2) and qh[32h + l] >> 2s;
+                         * x: qh[32h ..] >> 0 in the low half, >> 2 in the high, so bits 0-1 serve
+                         * register 2h and bits 4-5 register 2h + 1 (ternary logic 0xEC: (a & c) | b) */
+        const __m512i m15 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), m48 = _mm512_set1_epi8(48);
+        const __m512i cnt = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(p + 64 * h);
+            const __m512i x = _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h))), cnt);
+            U[2 * h] = _mm512_ternarylogic_epi32(ql, _mm512_slli_epi16(_mm512_and_si512(x, m3), 4), m15, 0xEC);
+            U[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_and_si512(x, m48), m15, 0xEC);
         }
+    }
     }
 }
 #endif
