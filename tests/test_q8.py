@@ -134,6 +134,25 @@ def test_short_k_quant_rows(fmt, isa, monkeypatch):
         bits_equal(qdot.gemv(p, x[:2]), definition(p, x[:2]))
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", K_TYPES)
+def test_tiled_k_quant_rows(fmt, isa, monkeypatch):
+    """More activation rows than a tile (8): blocks of 32 weight rows against
+    tiles of 8 activation rows, the last of each short (70 weight rows; 9 and
+    19 activation rows); a permuted weight too. Each output is its own row's
+    dot, so tiling changes no bit."""
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    rng = np.random.default_rng(9)
+    for cols in (512, 2048):
+        w = random_weight(fmt, 70, cols, rng)
+        x, edge = q8_inputs(rng, 19, cols)
+        for n in (9, 19):
+            bits_equal(qdot.gemv(w, x[:n]), definition(w, x[:n]))
+        bits_equal(qdot.gemv(w, np.vstack([edge, x[:4]])), definition(w, np.vstack([edge, x[:4]])))
+        p = w.reordered(rng.permutation(w.rows))
+        bits_equal(qdot.gemv(p, x), definition(p, x))
+
+
 @pytest.mark.parametrize("fmt", Q8_FORMATS)
 def test_q8_gemv_is_close_to_float64(fmt):
     """The definition computes the product it claims: within the activations'

@@ -1,10 +1,12 @@
 """Where a CPU forward's time goes: each compiled kernel timed around its
 calls, the rest (Python, NumPy, the calls' own dispatch) by difference.
 
-    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30] [--activations f32]
+    python tests/bench/forward_parts.py MODEL.gguf [--rows 1,5,8] [--repeat 30] [--activations f32] [--prefill]
 
 After a 186-row prefill (random ids), each row count is fed `repeat` times
-on top of it and rewound, so every forward sees the same cache length. A
+on top of it and rewound, so every forward sees the same cache length: as a
+verify block (every row's logits, the recurrent state kept after each row),
+or with --prefill as a prompt's block (no copies, the last row's logits). A
 timer wrapper costs ~1 us a call (~0.3 ms of a forward): read the columns
 side by side, on one machine, in one run.
 """
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,5,8")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--activations", default="q8")
+    ap.add_argument("--prefill", action="store_true", help="rows fed as a prompt's block, not a verify block")
     args = ap.parse_args()
     m = load_model(args.model, backend="cpu", ctx=1024, activations=args.activations)
     m.warm()
@@ -57,7 +60,11 @@ def main() -> None:
         total = 0.0
         for _ in range(args.repeat):
             t = time.perf_counter()
-            m.forward(rng.integers(0, 1000, n).tolist(), st, copies=True)
+            ids = rng.integers(0, 1000, n).tolist()
+            if args.prefill:
+                m.forward(ids, st, logits_rows="last")
+            else:
+                m.forward(ids, st, copies=True)
             total += time.perf_counter() - t
             m.rewind(st, 0)
         ms = {k: v / args.repeat * 1e3 for k, v in spent.items()}

@@ -285,6 +285,8 @@ static int quantize_input(Input *in, const int need[2]) {
     return 0;
 }
 
+enum { TILE = 8, RB = 32 };   /* activation rows (16 KB of 2048 columns), weight rows a block */
+
 /* every matrix k against input ins[at[k]], in one parallel region: each matrix's rows shared out
  * among the threads with no barrier between matrices. Returns 0, or -1 when memory runs out
  * (nothing written). */
@@ -350,8 +352,28 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
 #endif
                 continue;
             }
-            #pragma omp for schedule(dynamic, chunk) nowait
-            for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
+            if (m->fmt < F_Q2_K || in->n <= TILE) {
+                #pragma omp for schedule(dynamic, chunk) nowait
+                for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
+                continue;
+            }
+            /* K-quant rows against more activation rows than fit L1: RB weight rows (which stay in
+             * L2) against TILE activation rows at a time (which stay in L1); each output is the
+             * same one row's dot, so the bits do not change */
+            const Acts *a = &in->a[1];
+            const int64_t blocks = (m->rows + RB - 1) / RB, nb = m->cols / 256;
+            #pragma omp for schedule(dynamic, (chunk + RB - 1) / RB) nowait
+            for (int64_t bi = 0; bi < blocks; bi++) {
+                const int64_t i0 = bi * RB, i1 = i0 + RB < m->rows ? i0 + RB : m->rows;
+                for (int64_t t0 = 0; t0 < in->n; t0 += TILE) {
+                    const int64_t tn = in->n - t0 < TILE ? in->n - t0 : TILE;
+                    const Acts at = {a->q + t0 * m->cols, a->d + t0 * nb, a->s16 + t0 * (m->cols / 16),
+                                     a->s32 + t0 * (m->cols / 32)};
+                    Mat mt = *m;
+                    mt.y = m->y + t0 * m->y_stride;
+                    for (int64_t i = i0; i < i1; i++) one_row(&mt, i, &at, tn, &o, P, L);
+                }
+            }
         }
     }
     free(scratch);

@@ -225,14 +225,17 @@ static inline void sb_floats_held(int f, const uint8_t *raw, int bb, int cnt, __
 /* The scale of every int32 lane of a superblock's dot products (64 lanes of 4 columns: lane j
  * has group j / 4's), in the form the instruction set multiplies by: VNNI's vpdpwssd takes int16
  * pairs, so the scale sits in the low half over a zero (a dot lane fits in int16: 4 x 63 x 127 <
- * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves. */
+ * 2**15); AVX2's vpmaddwd multiplies vpmaddubsw's int16 pair sums, so the scale sits in both halves.
+ * AVX-512 packs two registers of dot lanes into one of int16 (vpackssdw, which the same bound keeps
+ * from saturating) and takes half as many vpdpwssd: 128-bit lane k of register c holds group 4c + k,
+ * so packed register 2p + (0, 1), lane k, holds words of groups 8p + k, then 8p + 4 + k, four each. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static inline void lane_scales_held(__m128i sc, __m512i *S) {
     const __m512i g = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc));
-    for (int k = 0; k < 4; k++) {       /* 64 columns: groups 4k .. 4k + 3, four lanes each */
+    for (int p = 0; p < 2; p++) {
         int16_t ix[32];
-        for (int w = 0; w < 32; w++) ix[w] = (int16_t)(4 * k + w / 8);
-        S[k] = _mm512_maskz_permutexvar_epi16(0x55555555u, _mm512_loadu_si512(ix), g);  /* odd words: 0 */
+        for (int w = 0; w < 32; w++) ix[w] = (int16_t)(8 * p + w / 8 + (w % 8 < 4 ? 0 : 4));
+        S[p] = _mm512_permutexvar_epi16(_mm512_loadu_si512(ix), g);
     }
 }
 

@@ -66,14 +66,14 @@ static float row_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
 /* one superblock against one activation row, its weights and lane scales already in registers */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static inline I8 sb_dot_held(const __m512i *U, const __m512i *S, const int8_t *q) {
-    __m512i a0 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[0], _mm512_loadu_si512(q)), S[0]);
-    __m512i a1 = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
-                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[1], _mm512_loadu_si512(q + 64)), S[1]);
-    a0 = _mm512_dpwssd_epi32(a0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[2], _mm512_loadu_si512(q + 128)), S[2]);
-    a1 = _mm512_dpwssd_epi32(a1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), U[3], _mm512_loadu_si512(q + 192)), S[3]);
-    a0 = _mm512_add_epi32(a0, a1);
-    return _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i d0 = _mm512_dpbusd_epi32(z, U[0], _mm512_loadu_si512(q));
+    const __m512i d1 = _mm512_dpbusd_epi32(z, U[1], _mm512_loadu_si512(q + 64));
+    const __m512i d2 = _mm512_dpbusd_epi32(z, U[2], _mm512_loadu_si512(q + 128));
+    const __m512i d3 = _mm512_dpbusd_epi32(z, U[3], _mm512_loadu_si512(q + 192));
+    __m512i a = _mm512_dpwssd_epi32(z, _mm512_packs_epi32(d0, d1), S[0]);    /* lane_scales_held */
+    a = _mm512_dpwssd_epi32(a, _mm512_packs_epi32(d2, d3), S[1]);
+    return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
 }
 #endif
 
@@ -84,7 +84,7 @@ static inline __attribute__((always_inline)) void sb_rows(
         __m256i *m16) {
     const __m128i g = sb_groups_held(f, raw, m16);
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    __m512i U[4], S[4];
+    __m512i U[4], S[2];
     sb_held(f, raw, U);
     lane_scales_held(g, S);
     for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot_held(U, S, q + r * cols + col0);
