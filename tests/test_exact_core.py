@@ -297,9 +297,11 @@ def test_compiled_row_reductions_are_the_numpy_definition(k):
     x[3, :1] = np.float32(1e19)                     # the square overflows
     w = rng.standard_normal(k).astype(np.float32)
     z = (rng.standard_normal((6, k)) * 4).astype(np.float32)
+    z[4, :6] = np.array([np.inf, -np.inf, np.nan, 100.0, -100.0, -0.0], np.float32)[:min(k, 6)]
     eps = 1e-6
     bits_equal(cpu_jit_math.rmsnorm(x, w, eps), exact.rmsnorm(x, w, eps))
-    bits_equal(cpu_jit_math.rmsnorm(x, w, eps, z), exact.rmsnorm(x, w, eps) * exact.silu(z))
+    with np.errstate(all="ignore"):
+        bits_equal(cpu_jit_math.rmsnorm(x, w, eps, z), exact.rmsnorm(x, w, eps) * exact.silu(z))
     bits_equal(cpu_jit_math.l2norm(x, eps), x * exact.rsqrt(exact.dot(x, x) + np.float32(eps))[..., None])
     x3 = x.reshape(2, 3, k)
     bits_equal(cpu_jit_math.rmsnorm(x3, w, eps), exact.rmsnorm(x3, w, eps))

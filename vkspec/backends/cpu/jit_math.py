@@ -165,11 +165,19 @@ def _rms_rows(x, w, z, eps, inv_n, gated, out):
     """exact.rmsnorm per row of x (rows, K): (x * rsqrt(dot(x, x) * inv_n + eps)) * w,
     times silu(z) when gated."""
     k = x.shape[1]
+    e = np.empty(k if gated else 0, F)
     for r in range(x.shape[0]):
         rr = rsqrt1(dot(x[r], x[r]) * inv_n + eps)
-        for j in range(k):
-            v = (x[r, j] * rr) * w[j]
-            out[r, j] = v * silu1(z[r, j]) if gated else v
+        if gated:           # silu in _elementwise_kernel's stages: as one loop it stays scalar
+            for j in range(k):
+                e[j] = exp1(-z[r, j])
+            for j in range(k):
+                e[j] = recip1(_ONE + e[j])
+            for j in range(k):
+                out[r, j] = ((x[r, j] * rr) * w[j]) * (z[r, j] * e[j])
+        else:
+            for j in range(k):
+                out[r, j] = (x[r, j] * rr) * w[j]
 
 
 @njit(inline="always", boundscheck=False, error_model="numpy")
