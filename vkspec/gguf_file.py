@@ -96,6 +96,11 @@ class GgufFile:
     def file_bytes(self) -> int:
         return self.g.file_size
 
+    def map_pages(self) -> bool:
+        """pages.map_in for the file: its weights are views into it."""
+        from .pages import map_in
+        return map_in(self.g._map, self.g.file_size)
+
     def drop_pages(self):
         """Let the process's mapped pages of the file go (they stay in the OS's
         page cache; a later read maps them again): after a device upload the

@@ -267,4 +267,6 @@ def load_model(model_dir, fmt: str = "f32", mtp: bool | None = None, ctx: int | 
     if tier is not None:
         raise VkspecError("the expert tier needs --backend vulkan")
     from .backends.cpu.model import CpuModel
+    if hasattr(ckpt, "map_pages"):      # a GGUF: the weights are the file's pages
+        ckpt.map_pages()
     return CpuModel(cfg, weights, ctx)

@@ -1,6 +1,8 @@
 """Letting go of memory whose bytes are elsewhere or no longer needed: a
 mapped file's pages once the device holds them (drop), and the C heap's free
-pages after a load that parsed a large file (trim_heap).
+pages after a load that parsed a large file (trim_heap). And the opposite for
+the CPU backend, whose weights are the file's pages: mapping them all in at
+load (map_in).
 
 A weight uploaded to the device no longer needs its pages in this process:
 dropping them (madvise DONTNEED) as each weight goes, instead of after the
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
@@ -60,3 +63,29 @@ def trim_heap() -> bool:
         _libc = ctypes.CDLL(None, use_errno=True)
     trim = getattr(_libc, "malloc_trim", None)
     return bool(trim(0)) if trim is not None else False
+
+
+_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)     # Linux 5.14
+
+
+def map_in(mm: mmap.mmap, size: int) -> bool:
+    """Map every page of a read-only file mapping into the process now (from
+    the page cache, or read from disk), when the file takes at most half the
+    machine's memory; False (nothing done) otherwise, or where the OS cannot.
+
+    Why: the CPU backend's weights are views into the file, and a prompt reads
+    nearly all of them (a MoE's experts included). Left to fault in a page at
+    a time, they were mapped inside the first timed forward, on its threads;
+    here the cost moves to loading, where llama.cpp's warm-up pays it too.
+    The pages are the file's (the page cache's), not the process's heap."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return False
+    if size > ram // 2 or not hasattr(mm, "madvise"):
+        return False
+    try:
+        mm.madvise(_POPULATE_READ)
+    except OSError:                 # an older kernel: EINVAL
+        return False
+    return True
