@@ -44,20 +44,21 @@ class HostState:
     mtp_k: np.ndarray | None = None
     mtp_v: np.ndarray | None = None
     block: tuple | None = None
-    before: tuple | None = None     # the CPU backend's buffers for the state before a block
+    before: tuple | None = None     # the CPU backend's state before a block (keep_before)
     kept: dict = field(default_factory=dict)     # and for the states after a block's rows, per DeltaNet layer
 
     def recurrent_copy(self):
         return [c.copy() for c in self.conv], [s.copy() for s in self.ssm]
 
-    def copy_before(self):
-        """The recurrent state copied into buffers allocated once: a new copy
-        per block would fault its megabytes of fresh pages in every time."""
+    def keep_before(self):
+        """The recurrent state before a block, kept without a copy: the live
+        arrays become the kept ones and the live state moves to the other pair
+        of buffers, which the block's forward writes from the kept arrays (a
+        copy per block cost a DeltaNet layer's megabytes of traffic per token).
+        Until that forward has run, the live arrays hold nothing valid."""
         if self.before is None:
-            self.before = self.recurrent_copy()
-        else:
-            for dst, src in zip(self.before[0] + self.before[1], self.conv + self.ssm):
-                np.copyto(dst, src)
+            self.before = ([np.empty_like(c) for c in self.conv], [np.empty_like(s) for s in self.ssm])
+        self.before, (self.conv, self.ssm) = (self.conv, self.ssm), self.before
         return self.before
 
     def set_recurrent(self, copy):
@@ -70,7 +71,7 @@ class HostState:
     def kept_buffer(self, layer: int, rows: int):
         """Room for DeltaNet layer ``layer``'s state after each of ``rows``
         rows of a block (None for none), kept from block to block for the
-        same reason as :meth:`copy_before`: as large as the most rows asked."""
+        same reason as :meth:`keep_before`: as large as the most rows asked."""
         if rows == 0:
             return None
         buf = self.kept.get(layer)

@@ -222,8 +222,9 @@ def _softmax_rows(x, lens, starts, out):
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
-def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
-    """cpu.deltanet_step for each row in turn, S kept after the first rows."""
+def _deltanet_scan(S0, S, q, k, v, beta, decay, out, snaps):
+    """cpu.deltanet_step for each row in turn, S kept after the first rows;
+    the first row's decay reads S0 (S itself or the state to start from)."""
     nv, dk, dv = S.shape
     acc = np.empty((128, dv), F)
     s = np.empty((32, dv), F)
@@ -232,10 +233,11 @@ def _deltanet_scan(S, q, k, v, beta, decay, out, snaps):
     for i in range(q.shape[0]):
         for h in range(nv):
             sh = S[h]
+            s0 = S0[h] if i == 0 else sh
             g = decay[i, h]
             for t in range(dk):
                 for d in range(dv):
-                    sh[t, d] = sh[t, d] * g
+                    sh[t, d] = s0[t, d] * g
             jit._columns(k[i, h], sh, acc, s, mem)
             for d in range(dv):
                 delta[d] = (v[i, h, d] - mem[d]) * beta[i, h]
@@ -267,13 +269,14 @@ def _lane_tree(s, dk, out):
 
 
 @njit(boundscheck=False, error_model="numpy", cache=True)
-def _deltanet_scan_fused(S, q, k, v, beta, decay, out, snaps):
+def _deltanet_scan_fused(S0, S, q, k, v, beta, decay, out, snaps):
     """_deltanet_scan for dk <= 128, dk % 4 == 0, in two passes over each
     head's state instead of four: the decay with the k-columns, the update
     with the q-columns (and the kept copy). Each product is its own lane
     (dk <= 128), so a lane's value is +0 + product and the four lanes of a
     lane sum are added as they are produced: the same operations on the same
-    values as _columns, without the (128, D) lane array."""
+    values as _columns, without the (128, D) lane array. The first row's
+    decay reads S0, as in _deltanet_scan."""
     nv, dk, dv = S.shape
     s = np.empty((32, dv), F)
     mem = np.empty(dv, F)
@@ -282,14 +285,15 @@ def _deltanet_scan_fused(S, q, k, v, beta, decay, out, snaps):
         keep = i < snaps.shape[0]
         for h in range(nv):
             sh, kh, qh = S[h], k[i, h], q[i, h]
+            s0 = S0[h] if i == 0 else sh
             g = decay[i, h]
             for t in range(0, dk, 4):
                 k0, k1, k2, k3 = kh[t], kh[t + 1], kh[t + 2], kh[t + 3]
                 for d in range(dv):
-                    a0 = sh[t, d] * g
-                    a1 = sh[t + 1, d] * g
-                    a2 = sh[t + 2, d] * g
-                    a3 = sh[t + 3, d] * g
+                    a0 = s0[t, d] * g
+                    a1 = s0[t + 1, d] * g
+                    a2 = s0[t + 2, d] * g
+                    a3 = s0[t + 3, d] * g
                     sh[t, d] = a0
                     sh[t + 1, d] = a1
                     sh[t + 2, d] = a2
@@ -316,14 +320,17 @@ def _deltanet_scan_fused(S, q, k, v, beta, decay, out, snaps):
             _lane_tree(s, dk, out[i, h])
 
 
-def deltanet_scan(S, q, k, v, beta, decay, keep: int, room=None):
-    """cpu.deltanet_scan, compiled; S (contiguous float32) is updated in place."""
+def deltanet_scan(S, q, k, v, beta, decay, keep: int, room=None, src=None):
+    """cpu.deltanet_scan, compiled; S (contiguous float32) is updated in place
+    (from src when given)."""
     assert S.dtype == F and S.flags.c_contiguous
+    S0 = S if src is None else src
+    assert S0.dtype == F and S0.flags.c_contiguous and S0.shape == S.shape
     c = [np.ascontiguousarray(a, dtype=F) for a in (q, k, v, beta, decay)]
     out = np.empty(c[2].shape, F)
     snaps = np.empty((keep,) + S.shape, F) if room is None else room[:keep]
     dk = S.shape[1]
-    (_deltanet_scan_fused if dk <= 128 and dk % 4 == 0 else _deltanet_scan)(S, *c, out, snaps)
+    (_deltanet_scan_fused if dk <= 128 and dk % 4 == 0 else _deltanet_scan)(S0, S, *c, out, snaps)
     return out, snaps
 
 
@@ -405,10 +412,10 @@ def machine_code() -> str:
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
              (_softmax_rows, (x, np.array([9, 4]), np.array([0, 1]), np.empty_like(x))),
              (_rope_rows, (np.ones((2, 3, 8), F), np.ones((2, 6), F), np.ones((2, 6), F), np.empty((2, 3, 8), F))),
-             (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
+             (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
                                np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))),
-             (_deltanet_scan_fused, (np.ones((2, 4, 9), F), np.ones((1, 2, 4), F), np.ones((1, 2, 4), F),
+             (_deltanet_scan_fused, (np.ones((2, 4, 9), F), np.ones((2, 4, 9), F), np.ones((1, 2, 4), F), np.ones((1, 2, 4), F),
                                      np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
                                      np.empty((1, 2, 9), F), np.empty((1, 2, 4, 9), F))))
     return "\n".join(code for d, args in calls for code in numba_cache.machine_code(d, *args))

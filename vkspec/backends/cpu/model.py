@@ -108,21 +108,23 @@ class CpuModel:
         x = ops.embed(self.w.embed, tokens, self.cfg.embedding_scale)
         copies = min(n - 1, n - 1 if copies is True else int(copies))
         kept = [([], []) for _ in range(copies)]
-        st.block = (st.kv_len, n, st.copy_before(), kept)
+        before = st.keep_before()
+        st.block = (st.kv_len, n, before, kept)
         ai = di = 0
         for lw in self.w.layers:
             if lw.kind == "full_attention":
                 x = self.layer(lw, x, pos, st.kv_k[ai], st.kv_v[ai])
                 ai += 1
             else:
-                x = self.layer(lw, x, pos, st.conv[di], st.ssm[di], kept, st.kept_buffer(di, copies))
+                x = self.layer(lw, x, pos, st.conv[di], st.ssm[di], kept, st.kept_buffer(di, copies),
+                               (before[0][di], before[1][di]))
                 di += 1
         st.kv_len += n
         rows = x if logits_rows == "all" else x[-1:]
         logits = ops.gemv(self.w.lm_head, ops.rmsnorm(rows, self.w.norm, self.cfg.rms_norm_eps))
         return x, logits
 
-    def layer(self, lw: LayerW, x, pos, s1, s2, kept=None, room=None):
+    def layer(self, lw: LayerW, x, pos, s1, s2, kept=None, room=None, src=None):
         calls = layer_calls(lw, self.cfg)              # an attention layer in blocks: its calls made once
         if calls is not None:
             return calls(x, pos, s1, s2, *self.rope_at(lw.mixer.rope_theta, pos))
@@ -130,7 +132,7 @@ class CpuModel:
         if lw.kind == "full_attention":              # the mixers norm x in their first GEMV's call
             a = self.attention(lw.mixer, x, pos, s1, s2, (lw.in_norm, eps))
         else:
-            a = self.deltanet(lw.mixer, x, s1, s2, kept, (lw.in_norm, eps), room)
+            a = self.deltanet(lw.mixer, x, s1, s2, kept, (lw.in_norm, eps), room, src)
         x = x + a if lw.mixer_out_norm is None else ops.rmsnorm(a, lw.mixer_out_norm, eps, residual=x)
         if isinstance(lw.ffn, MoeW):
             return self.moe(lw.ffn, ops.rmsnorm(x, lw.post_norm, eps), x)
@@ -194,9 +196,12 @@ class CpuModel:
             rows[theta] = (cos[pos], sin[pos])
         return rows[theta]
 
-    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None, norm=None, room=None):
+    def deltanet(self, w: DeltaW, h, ring, ssm, kept=None, norm=None, room=None, src=None):
         """The Gated DeltaNet mixer of rows h (of rmsnorm(h, *norm) with norm = (w, eps));
-        the states after the kept rows go into ``room`` when given."""
+        the states after the kept rows go into ``room`` when given. ``src``: the
+        (ring, state) the block starts from, when not ring and ssm themselves
+        (HostState.keep_before); ring and ssm are written either way."""
+        ring0, ssm0 = (ring, ssm) if src is None else src
         c = self.cfg
         n = h.shape[0]
         nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
@@ -205,13 +210,13 @@ class CpuModel:
         cd = 2 * nk * dk + nv * dv
         qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
         K = w.conv.shape[1]
-        mixed, window = ops.conv_step(ring, qkvz[:, :cd], w.conv)
+        mixed, window = ops.conv_step(ring0, qkvz[:, :cd], w.conv)
         q, k, beta, decay = ops.deltanet_prep(
             mixed[:, :nk * dk].reshape(n, nk, dk), mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk),
             ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
         rep = np.arange(nv) % nk if c.linear_v_tiled else np.arange(nv) // (nv // nk)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
-        out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept), room)
+        out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept), room, ssm0)
         for i in range(len(kept)):
             kept[i][0].append(window[i + 1:i + K].copy())
             kept[i][1].append(snaps[i])

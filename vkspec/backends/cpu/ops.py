@@ -335,13 +335,16 @@ def deltanet_step(S, qh, kh, v, beta, decay) -> np.ndarray:
     return vecmats(qh[:, None, :], S)[:, 0]
 
 
-def deltanet_scan(S, q, k, v, beta, decay, keep: int = 0, room=None):
+def deltanet_scan(S, q, k, v, beta, decay, keep: int = 0, room=None, src=None):
     """deltanet_step for rows 0..n-1 in turn (q, k (n, nv, dk), v (n, nv, dv),
     beta, decay (n, nv)); returns (out (n, nv, dv), S after each of the first
     `keep` rows (keep, nv, dk, dv), written into ``room`` when given). S is
-    updated in place."""
+    updated in place, starting from ``src`` when given (S's own values are
+    then never read)."""
     if jit.enabled():
-        return jit_math.deltanet_scan(S, q, k, v, beta, decay, keep, room)
+        return jit_math.deltanet_scan(S, q, k, v, beta, decay, keep, room, src)
+    if src is not None:
+        np.copyto(S, src)
     out = np.empty(v.shape, f32)
     snaps = np.empty((keep,) + S.shape, f32) if room is None else room[:keep]
     for i in range(len(q)):
