@@ -125,3 +125,25 @@ def test_a_shader_error_fails_the_wheel_build_with_file_and_line(tmp_path):
     assert res.returncode != 0
     assert "broken.comp" in res.stdout + res.stderr and ":4:" in res.stdout + res.stderr
     assert not list((tmp_path / "dist").glob("*.whl"))
+
+
+def test_max_rows_has_one_definition(tmp_path):
+    """MAX_ROWS lives in shaders/limits.py: the build passes it to every
+    shader, step.glsl refuses to compile without it, a Step block compiled
+    with it has that many rows, and the Vulkan backend's block size is it."""
+    from vkspec.backends.vulkan import layout
+    from vkspec.shaders import limits, spirv
+    assert layout.MAX_ROWS == limits.MAX_ROWS
+    shutil.copy(build.HERE / "step.glsl", tmp_path)
+    src = tmp_path / "uses_step.comp"
+    src.write_text('#version 450\n#extension GL_GOOGLE_include_directive : require\n#include "step.glsl"\n'
+                   "layout(local_size_x = 1) in;\nSTEP_BLOCK(0)\n"
+                   "layout(std430, binding = 1) buffer Y { uint y[]; };\n"
+                   "void main() { y[0] = step.tok[step.nrows - 1u]; }\n")
+    glslang = build.find_glslang()
+    res = subprocess.run([glslang, "-V", "-I" + str(tmp_path), "-o", str(tmp_path / "bare.spv"), str(src)],
+                         capture_output=True, text=True, env=build.glslang_env(glslang))
+    assert res.returncode != 0 and "limits.py" in res.stdout + res.stderr
+    (spv,) = build.compile_all(tmp_path)
+    tok = next(m for m in spirv.reflect(spv.read_bytes()).buffer("Step").members if m.name == "tok")
+    assert tok.type.endswith(f"[{limits.MAX_ROWS}]")

@@ -100,7 +100,9 @@ def variants(src: Path) -> dict[str, list[str]]:
 
 
 def _inputs_mtime(src: Path) -> float:
-    return max([src.stat().st_mtime] + [g.stat().st_mtime for g in src.parent.glob("*.glsl")])
+    """The newest of the shader, the includes and limits.py (its defines)."""
+    inputs = [src, *src.parent.glob("*.glsl"), HERE / "limits.py"]
+    return max(p.stat().st_mtime for p in inputs)
 
 
 def installed(src_dir: Path) -> bool:

@@ -9,6 +9,10 @@ Qwen3.5's real shapes fit: conv kernel 4, key head 128, 512 experts, top 10.
 
 from __future__ import annotations
 
+# rows a device block may have: the Step block's per-row arrays (step.glsl), a
+# GEMV's input rows, the Vulkan backend's max_rows (backends/vulkan/layout.py)
+MAX_ROWS = 8
+
 # shader stem -> {define: limit}
 LIMITS = {
     "conv_step": {"MAX_K": 8},          # DeltaNet conv taps (linear_conv_kernel_dim)
@@ -18,7 +22,7 @@ LIMITS = {
 
 
 def defines(stem: str) -> list[str]:
-    return [f"{name}={value}u" for name, value in LIMITS.get(stem, {}).items()]
+    return [f"MAX_ROWS={MAX_ROWS}u"] + [f"{name}={value}u" for name, value in LIMITS.get(stem, {}).items()]
 
 
 def check(cfg) -> list[str]:

@@ -2,12 +2,14 @@
 // Push constants are fixed when a sequence is recorded; what changes from one
 // step to the next (tokens, positions, the KV watermark, which recurrent-state
 // region is live, where the copy after each row goes) lives in this small
-// buffer, written by the host before each replay. Mirrored by vkspec/chain.py
-// (STEP_*), field for field.
+// buffer, written by the host before each replay. The host reads its layout
+// from the compiled shader (backends/vulkan/step.py).
 #ifndef VKSPEC_STEP_GLSL
 #define VKSPEC_STEP_GLSL
 
-#define MAX_ROWS 8u
+#ifndef MAX_ROWS
+#error "MAX_ROWS comes from shaders/limits.py: build.py passes it to every shader"
+#endif
 #define NO_SLOT 0xffffffffu
 
 #define STEP_BLOCK(b)                                                        \

@@ -22,12 +22,12 @@ from ... import exact
 from ...config import ModelConfig
 from ...formats.matrix import QWeight
 from ...rope import rope_tables
+from ...shaders.limits import MAX_ROWS  # one definition, compiled into the shaders
 from ...weights import LayerW, MoeW, Weights, qweights
 from .buffers import DevWeight, q8_words
 from .memory import Uploader
 from .step import step_block
 
-MAX_ROWS = 8
 P = exact.padded
 
 

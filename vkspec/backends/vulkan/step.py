@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from ...shaders.limits import MAX_ROWS
 from .device import DeviceError, load_shader
 
 NO_SLOT = 0xFFFFFFFF
@@ -45,4 +46,7 @@ def step_block() -> StepBlock:
                 raise DeviceError(f"Step block arrays of {rows} and {n} rows")
             rows = n
         end = max(end, m.offset // 4 + n)
+    if rows != MAX_ROWS:
+        raise DeviceError(f"the shaders' Step block has {rows} rows, shaders/limits.py says {MAX_ROWS}: "
+                          "the SPIR-V is stale (rebuild vkspec)")
     return StepBlock(offsets, rows, end)
