@@ -2,7 +2,7 @@
 own convert_hf_to_gguf.py turns the tests' tiny qwen3_5 / qwen3_5_moe
 checkpoints (tests/qwen35_models.py) into qwen35 / qwen35moe GGUF files, with
 the MTP block, without it (--no-mtp) and alone (--mtp); each file must equal
-the one tests/qwen35_models.write makes (and so does a q8_0 conversion) with the gguf package (every tensor's
+the one tests/qwen35_models.py's write() makes (and so does a q8_0 conversion) with the gguf package (every tensor's
 name, type, shape and bytes; every <arch>.* and tokenizer.ggml.* key), and vkspec must run the
 converter's F32 files to the same bytes as the safetensors, and its q8_0 file
 (value heads kept tiled) to the same ids and digest with MTP drafts as without.

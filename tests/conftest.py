@@ -7,6 +7,16 @@ import pytest
 from vkspec.selftest import same_bits  # noqa: F401  (re-exported for tests)
 
 
+def pytest_collection_modifyitems(items):
+    """The markers a test's fixtures imply: the Vulkan device (vk), transformers (oracle)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "vk" in names:
+            item.add_marker(pytest.mark.device)
+        if "oracle" in names:
+            item.add_marker(pytest.mark.oracle)
+
+
 @pytest.fixture(scope="session")
 def cpu():
     from vkspec.backends import get_ops

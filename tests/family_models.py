@@ -1,6 +1,6 @@
 """Tiny random models of the Qwen families, built by transformers 5.18 itself,
 and GGUF files written from them with the gguf package's GGUFWriter (the
-names and transforms of llama.cpp's converter, /work/notes/families.md)."""
+names and transforms of llama.cpp's converter)."""
 
 import json
 

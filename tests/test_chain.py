@@ -254,6 +254,7 @@ def test_budget_and_buffer_limit_fail_before_building(vk, tiny_dir, monkeypatch)
         load_model(tiny_dir, backend="vulkan")
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("shape", ["grouped", "flat", "dense"])
 def test_transformers_shapes_on_the_device(vk, shape, tmp_path):
     """The oracle's shapes (GQA/MQA, dk != dv, top-1 unnormalised, dense MLP)."""

@@ -12,6 +12,7 @@ from vkspec.tiny import tiny_config
 from conftest import require  # noqa: E402
 
 torch = require("torch")
+pytestmark = pytest.mark.oracle
 from safetensors.torch import save_file  # noqa: E402
 
 

@@ -19,6 +19,7 @@ import pytest
 from conftest import require
 
 torch = require("torch")
+pytestmark = pytest.mark.oracle
 transformers = require("transformers")
 gguf = require("gguf")
 

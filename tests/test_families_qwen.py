@@ -19,6 +19,7 @@ from conftest import bits_equal, forward_both, layer_calls_three_ways, require
 
 torch = require("torch")
 require("transformers")
+pytestmark = pytest.mark.oracle
 
 from family_models import add_mtp, build  # noqa: E402
 

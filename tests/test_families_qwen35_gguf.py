@@ -23,6 +23,7 @@ from conftest import require
 
 require("torch")
 require("transformers")
+pytestmark = pytest.mark.oracle
 gguf = require("gguf")
 
 import qwen35_models as q  # noqa: E402

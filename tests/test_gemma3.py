@@ -13,6 +13,7 @@ from conftest import bits_equal, forward_both, layer_calls_three_ways, require
 
 torch = require("torch")
 require("transformers")
+pytestmark = pytest.mark.oracle
 require("gguf")
 
 from oracle_gemma3 import build, gguf_build, write_gguf  # noqa: E402

@@ -117,6 +117,7 @@ def test_trained_model_keeps_its_logits_under_int8(tiny_dir):
     assert (got.argmax(1) == b.argmax(1)).all()
 
 
+@pytest.mark.oracle
 def test_mtp_head_is_the_written_out_formula(tiny_dir):
     """fc(cat[norm_emb(embed(t+1)), norm_hidden(h_t)]) -> decoder layer -> norm -> lm_head,
     written here with transformers' own Qwen3-Next decoder layer and torch ops."""

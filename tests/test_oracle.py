@@ -11,6 +11,7 @@ from conftest import require  # noqa: E402
 
 torch = require("torch")
 require("transformers")
+pytestmark = pytest.mark.oracle
 
 from oracle_models import SHAPES, build  # noqa: E402
 

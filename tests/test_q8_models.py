@@ -75,6 +75,7 @@ def test_drafts_change_nothing_in_q8(q8, smol, temperature):
     assert spec.tokens == plain.tokens and spec.digest == plain.digest
 
 
+@pytest.mark.oracle
 def test_q8_predictions_follow_transformers_on_the_dequantised_weights(smol):
     """transformers loads the same GGUF (the gguf package's dequantisation) in
     float32. Teacher-forced over two prompts (55 and 186 tokens), q8's next-

@@ -13,6 +13,8 @@ from vkspec.tiny import make_tiny
 openai = require("openai")
 from serve_helpers import plain_and_spec  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 PROMPT = "def f(x):\n    return x + 1\n" * 3
 CONTROLS = dict(temperature=0.9, seed=11, top_p=0.95,
                 extra_body=dict(top_k=50, min_p=0.02, repetition_penalty=1.2),

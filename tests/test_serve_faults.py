@@ -12,6 +12,8 @@ import pytest
 from serve_helpers import Server
 from vkspec.tiny import make_tiny
 
+pytestmark = pytest.mark.serve
+
 PROMPT = [5, 9, 14, 200, 33, 7, 61, 5, 9, 14, 200, 33]
 BODY = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0.8, "seed": 7}
 SPEC = ("--backend", "vulkan", "--spec", "mtp", "--drafts", "3")

@@ -18,6 +18,8 @@ from vkspec.tiny import make_tiny
 require("openai")
 from serve_helpers import Server  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 EXAMPLES = 2200
 FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
           "stream_options", "n", "user", "logprobs", "echo", "top_logprobs", "max_completion_tokens",

@@ -16,6 +16,8 @@ from vkspec.tiny import make_tiny
 openai = require("openai")
 from serve_helpers import Server, free_port  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 REPEAT = "def f(x):\n    return x + 1\n" * 3
 JSON = {"content-type": "application/json"}
 

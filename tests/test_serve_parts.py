@@ -15,6 +15,8 @@ from vkspec.serve.text import TextStream
 from vkspec.tiny import make_tiny
 from vkspec.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.serve
+
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):

@@ -20,6 +20,8 @@ from vkspec.tiny import make_tiny
 openai = require("openai")
 from serve_helpers import Server  # noqa: E402
 
+pytestmark = pytest.mark.serve
+
 TEMPLATES = {name: (Path(__file__).parent / "templates" / f"{name}.jinja").read_text()
              for name in ("smollm2", "gemma3", "qwen3", "qwen3_5", "llama3")}
 WEATHER = {"type": "function", "function": {

@@ -6,6 +6,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,92 @@ def test_a_push_struct_that_disagrees_with_its_shader_fails_the_build(tmp_path):
         (tmp_path / inc.name).write_text(inc.read_text())
     with pytest.raises(build.ShaderError, match="extra_"):
         build.compile_all(tmp_path, tmp_path / "out", force=True)
+
+
+def _marks(decorators) -> set:
+    """The pytest.mark.NAME names among decorators (or a pytestmark value)."""
+    out = set()
+    for d in decorators:
+        node = d.func if isinstance(d, ast.Call) else d
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
+            out.add(node.attr)
+    return out
+
+
+def _requires_oracle(node) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "require"
+               and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value in ("torch", "transformers")
+               for n in ast.walk(node))
+
+
+def test_tests_that_use_transformers_are_marked_oracle():
+    """`-m "not oracle"` leaves out every test that needs torch or
+    transformers: a module that requires them at import is marked as a
+    whole, a test that requires them itself (or through a fixture named
+    oracle, which conftest marks) is marked on its own."""
+    unmarked = []
+    for path in sorted((Path(__file__).parent).glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marks = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+                module_marks |= _marks([node.value])
+        module_requires = any(_requires_oracle(n) for n in tree.body
+                              if not isinstance(n, (ast.FunctionDef, ast.ClassDef)))
+        if module_requires and "oracle" not in module_marks:
+            unmarked.append(path.name)
+        fixtures = {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and _requires_oracle(n)
+                    and any("fixture" in ast.unparse(d) for d in n.decorator_list)}
+        for n in tree.body:
+            if not (isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
+                continue
+            uses = _requires_oracle(n) or any(a.arg in fixtures for a in n.args.args)
+            if uses and "oracle" not in module_marks | _marks(n.decorator_list) and \
+                    "oracle" not in {a.arg for a in n.args.args}:
+                unmarked.append(f"{path.name}::{n.name}")
+    assert not unmarked, f"not marked oracle: {unmarked}"
+
+
+# A path that names no file here on purpose: what it is.
+NOT_IN_THE_REPOSITORY = {
+    "out/": "the benchmarks' output folder (gitignored), made by the scripts that write there",
+    "vkspec/shaders/broken.comp": "written by test_shader_build into a temporary copy of the tree",
+}
+
+
+def test_every_repository_path_named_in_code_and_docs_exists():
+    """Every path into the repository that a module, script, shader, test or
+    doc names (from a top-level folder, or from one of vkspec's packages)
+    exists: as named, as a module (.py added), or as a file followed by one of
+    its attributes (`ops.py.rmsnorm`). docs/history.md may name what is gone;
+    nothing may name a path outside the repository as if it were one."""
+    root = Path(__file__).resolve().parents[1]
+    tops = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] + [".ci"]
+    packages = [p.name for p in (root / "vkspec").iterdir() if p.is_dir() and not p.name.startswith("_")]
+    named = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*\w)" % "|".join(map(re.escape, tops + packages)))
+    sources = [p for pattern in ("vkspec/**/*.py", "vkspec/**/*.glsl", "vkspec/**/*.comp", "vkspec/**/*.c",
+                                 "vkspec/**/*.h", "tests/**/*.py", "scripts/**/*.py", "ci/**/*.sh", "docs/*.md")
+               for p in root.glob(pattern)] + [root / "README.md", root / "Makefile", root / ".ci" / "run"]
+
+    def exists(path: str) -> bool:
+        for base in (root, root / "vkspec"):
+            parts = path.split(".")
+            for cut in range(len(parts), 0, -1):        # strip trailing .attribute segments
+                p = base / ".".join(parts[:cut])
+                if p.exists() or p.with_name(p.name + ".py").exists():
+                    return True
+        return False
+
+    missing = []
+    for src in sources:
+        if src.name == "history.md" or ".venv" in src.parts:
+            continue
+        text = src.read_text(errors="replace")
+        assert "/" + "work/" not in text, f"{src.relative_to(root)} names a path of the machine it was written on"
+        for m in named.finditer(text):
+            path = m.group(1).rstrip(".")
+            if any(c in path for c in "*{}<>$") or any(path.startswith(k) for k in NOT_IN_THE_REPOSITORY):
+                continue
+            if not exists(path):
+                missing.append(f"{src.relative_to(root)}: {path}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)

@@ -17,9 +17,8 @@ metadata keys). The forward pass reads only the flags, never a family's name:
 * MoE: per layer from the config (Qwen3-MoE, Qwen3-Next), none (Qwen3.5
   dense ignores any expert keys), or every layer renormalised (Qwen3.5-MoE).
 
-Sources: transformers 5.18 (models/qwen2, qwen3, qwen3_moe, qwen3_next,
-qwen3_5, qwen3_5_moe), llama.cpp's converter (conversion/qwen.py) and
-/work/notes/families.md.
+Sources: transformers 5.18 (transformers/models/qwen2, qwen3, qwen3_moe, qwen3_next,
+qwen3_5, qwen3_5_moe) and llama.cpp's converter (conversion/qwen.py).
 """
 
 from __future__ import annotations

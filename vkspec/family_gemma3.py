@@ -2,8 +2,8 @@
 ``gemma3``): its config translated into ModelConfig's generic fields, its GGUF
 tensor names and metadata, and its SentencePiece tokenizer rebuilt from a GGUF.
 
-What makes Gemma 3 (transformers 5.18 models/gemma3; llama.cpp src/models/
-gemma3.cpp; /work/notes/families.md section 5):
+What makes Gemma 3 (transformers 5.18 transformers/models/gemma3; llama.cpp src/models/
+gemma3.cpp):
 
 * every RMSNorm is (1 + w) in a Hugging Face checkpoint; llama.cpp writes the
   norms with the 1 already added, so a GGUF runs them as plain multipliers

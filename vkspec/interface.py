@@ -18,7 +18,7 @@ Terms:
 * **listed ids**: the MTP head's draft vocabulary; the head's lm_head then
   scores only those rows (the same bits as in the whole row).
 
-Both backends implement :class:`Model`; ``tests/test_interface.py`` checks it.
+Both backends implement :class:`Model`; ``tests/test_structure.py`` checks it.
 """
 
 from __future__ import annotations

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source ci/lavapipe/env.sh
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=25 "$@"

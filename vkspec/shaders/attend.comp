@@ -1,7 +1,7 @@
 #version 450
 // variants: scores=SCORES softmax=SOFTMAX out=OUT out_gated=OUT,GATED
 // Causal attention of row r (position pos[r]) over cache rows 0..pos[r], in
-// three passes (twin of backends/cpu.attend):
+// three passes (twin of backends/cpu/ops.py attend):
 //   SCORES  s[r,h,l] = dot(q[r,h], k[l,kvh]) * scale     one invocation per l
 //   SOFTMAX p[r,h,:] = softmax(s[r,h,0..pos[r]])          one per (r, h)
 //   OUT     o[r,h,d] = dot(p[r,h,:], v[:,kvh,d])          one per d

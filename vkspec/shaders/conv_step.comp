@@ -1,7 +1,7 @@
 #version 450
 // The DeltaNet's causal depthwise conv over rows 0..rows-1 of a block, then
 // silu; one invocation per channel walks the rows in order. Twin of
-// backends/cpu.conv_step (taps summed in order 0..K-1, from +0).
+// backends/cpu/ops.py conv_step (taps summed in order 0..K-1, from +0).
 // The ring (K-1 rows, oldest first) is read from region step.live of the
 // state buffer and, after row r, written to region step.slot[r] when it has
 // one (a copy slot, for rollback). The last row's region becomes live; the

@@ -3,7 +3,7 @@
 // y = x * rsqrt(mean(x*x) + eps) * w, row by row; GATED multiplies by silu(z)
 // (linear_attn.norm); ACC adds the result to y (y = y + norm: a sandwich norm
 // on a sublayer's output, then the residual add). Twin of
-// backends/cpu/ops.py.rmsnorm (z: gated; residual: acc).
+// backends/cpu/ops.py rmsnorm (z: gated; residual: acc).
 // w is the effective weight (1 + weight for the (1 + w) form, made on the host).
 // Row r lives at off + (r / group) * stride + (r % group) * inner, so per-head
 // norms can read heads out of a wider projection.

@@ -3,7 +3,7 @@ bindings (in binding order) and its push struct; and the recording a
 sequence is built from.
 
 A dispatch names its buffers (``x=..., y=...``): a missing or unknown one is
-an error, and tests/test_graph.py holds each entry's bindings to the
+an error, and tests/test_structure.py holds each entry's bindings to the
 compiled shader's. The push structs (vkspec/shaders/push.py) are checked
 against the SPIR-V when the shaders are built.
 """
