@@ -45,7 +45,7 @@ class HostState:
     mtp_v: np.ndarray | None = None
     block: tuple | None = None
     before: tuple | None = None     # the CPU backend's state before a block (keep_before)
-    kept: dict = field(default_factory=dict)     # and for the states after a block's rows, per DeltaNet layer
+    slot_buffers: dict = field(default_factory=dict)     # the states after a block's rows, per DeltaNet layer
 
     def recurrent_copy(self):
         return [c.copy() for c in self.conv], [s.copy() for s in self.ssm]
@@ -74,9 +74,9 @@ class HostState:
         same reason as :meth:`keep_before`: as large as the most rows asked."""
         if rows == 0:
             return None
-        buf = self.kept.get(layer)
+        buf = self.slot_buffers.get(layer)
         if buf is None or buf.shape[0] < rows:
-            buf = self.kept[layer] = np.empty((rows,) + self.ssm[layer].shape, np.float32)
+            buf = self.slot_buffers[layer] = np.empty((rows,) + self.ssm[layer].shape, np.float32)
         return buf[:rows]
 
     def nbytes(self) -> int:

@@ -23,6 +23,7 @@ byte, for every shader here (tests/test_shader_build.py).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -141,9 +142,11 @@ def compile_one(src: Path, name: str, defines: list[str], out_dir: Path, glslang
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _sibling(name: str):
     """A module of this folder, loaded by path (the build hook runs this file
-    before vkspec is importable)."""
+    before vkspec is importable), once: compile_all loads them before its
+    threads start."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(f"vkspec_shaders_{name}", HERE / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -159,16 +162,24 @@ def check_push(stem: str, name: str, spv: Path) -> list[str]:
 
 
 def compile_all(src_dir: Path = HERE, out_dir: Path | None = None, force: bool = False) -> list[Path]:
+    """Every stale variant (all with force), one glslang process per core at a
+    time; the outputs in source order, and the first failure in that order raised."""
+    from concurrent.futures import ThreadPoolExecutor
     out_dir = out_dir or src_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    done, glslang = [], None
+    todo = []
     for src in sorted(src_dir.glob("*.comp")):
-        todo = variants(src) if force else {n: d for n, d in variants(src).items()
-                                            if n in stale(src, out_dir)}
-        for name, defines in todo.items():
-            glslang = glslang or find_glslang()
-            done.append(compile_one(src, name, defines, out_dir, glslang))
-    return done
+        names = variants(src) if force else {n: d for n, d in variants(src).items()
+                                             if n in stale(src, out_dir)}
+        todo += [(src, name, defines) for name, defines in names.items()]
+    if not todo:
+        return []
+    glslang = find_glslang()
+    for name in ("limits", "spirv", "push"):
+        _sibling(name)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        jobs = [pool.submit(compile_one, src, name, defines, out_dir, glslang) for src, name, defines in todo]
+    return [job.result() for job in jobs]
 
 
 if __name__ == "__main__":

@@ -154,9 +154,9 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     downs = []                  # (weight, its input, rows, slot): the q8 ones run in one call at the end
     q8 = all(m.gate.acts == m.up.acts == "q8" for _, ex in routed.values() for m, _ in ex)
     together = None
-    if q8 and jit.enabled() and len(routed) > 1:
-        # several row sets (a verify block, a prefill): every gate and up of the layer in one call,
-        # each against its rows (qdot.gemvs_each: the same bits as a call per row set)
+    if q8 and jit.enabled():
+        # every gate and up of the layer in one call, each against its rows (qdot.gemvs_each: the
+        # same bits as a call per row set; the matrices of one row set share one quantisation)
         ws = [[q for m, _ in ex for q in (m.gate, m.up)] for _, ex in routed.values()]
         xs = [h[rows] for rows, _ in routed.values()]
         ys = iter(qdot.gemvs_each([q for group in ws for q in group],
@@ -165,8 +165,7 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     for at, (rows, experts) in enumerate(routed.values()):
         if together is not None:
             gu = together[at]
-        elif q8:
-            # one q8 call for every gate and up the rows feed: one quantisation, one thread team
+        elif q8:                # the NumPy definition: one quantisation per row set
             gu = gemvs_q8([q for m, _ in experts for q in (m.gate, m.up)], h[rows])
         else:
             gu = [y for m, _ in experts for y in gemvs([m.gate, m.up], h[rows])]
