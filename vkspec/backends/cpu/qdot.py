@@ -145,11 +145,15 @@ class _Call:
         self.mats = (Mat * len(ws))(*[k[0] for k in self.keep])
 
     def _outputs(self, counts) -> list[np.ndarray]:
-        outs = []
-        for m, w, n in zip(self.mats, self.ws, counts):
-            y = np.empty((n, w.rows), np.float32)
-            m.y, m.y_stride = _addr(y), w.rows
-            outs.append(y)
+        """Every output a view of one new buffer: one allocation and one
+        address a call, not one a matrix (a MoE layer's call has 16)."""
+        sizes = [n * w.rows for w, n in zip(self.ws, counts)]
+        buf = np.empty(sum(sizes), np.float32)
+        base, at, outs = _addr(buf), 0, []
+        for m, w, n, size in zip(self.mats, self.ws, counts, sizes):
+            m.y, m.y_stride = base + 4 * at, w.rows
+            outs.append(buf[at:at + size].reshape(n, w.rows))
+            at += size
         return outs
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
@@ -164,7 +168,11 @@ class _Call:
         xs = [np.ascontiguousarray(x, dtype=np.float32) for x in xs]
         assert len(xs) == len(self.ws) and all(w.cols == x.shape[1] for w, x in zip(self.ws, xs))
         outs = self._outputs([x.shape[0] for x in xs])
-        ptrs = (ctypes.c_void_p * len(xs))(*[_addr(x) for x in xs])
+        addrs: dict[int, int] = {}          # an input given to several matrices: its address once
+        for x in xs:
+            if id(x) not in addrs:
+                addrs[id(x)] = _addr(x)
+        ptrs = (ctypes.c_void_p * len(xs))(*[addrs[id(x)] for x in xs])
         ns = (ctypes.c_int64 * len(xs))(*[x.shape[0] for x in xs])
         if lib().vk_q8_gemvs_each(self.mats, len(self.ws), ptrs, ns, THREADS):
             raise MemoryError("q8 GEMV: out of memory for its buffers")
