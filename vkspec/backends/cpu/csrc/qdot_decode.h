@@ -126,16 +126,20 @@ static inline __m128i low_words(__m256i w) {
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08));
 }
 
-/* the lane scales of 32 columns c (groups 2c, 2c + 1) from the 16 group scales, in a register */
-static inline __m256i lane_scale32(__m128i g, int c) {
-    const __m128i pick = _mm_setr_epi8(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1,
-                                       2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1);
-    const __m256i v = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(g, pick));
+/* the lane scales of the 8 registers of 32 columns c (groups 2c, 2c + 1: the low and the high
+ * 128 bits) from the 16 group scales: a dword of every (scale 2c, scale 2c + 1) pair, then each
+ * half's scale picked into the form the instruction set multiplies by (lane_scales_held) */
+static inline void lane_scales32(__m128i g, __m256i *S) {
+    const __m256i pairs = _mm256_cvtepi8_epi16(g);
 #if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
-    return _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+    const __m256i pick = _mm256_setr_epi8(0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128,
+                                          2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128);
 #else
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
 #endif
+    for (int c = 0; c < 8; c++)
+        S[c] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(c)), pick);
 }
 
 /* the 32-column registers of a superblock (U[c]: columns 32c .. 32c + 31), in the layouts

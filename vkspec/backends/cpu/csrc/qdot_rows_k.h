@@ -91,7 +91,11 @@ static inline __attribute__((always_inline)) void sb_rows(
 #else
     __m256i U[8], S[8];
     sb_values32(f, raw, U);
-    for (int c = 0; c < 8; c++) S[c] = lane_scale32(g, c);
+    lane_scales32(g, S);
+    if (n == 1) {           /* straight-line: each register made where it is used (16 held spill) */
+        P[j] = sb_dot(U, S, q + col0);
+        return;
+    }
     for (int64_t r = 0; r < n; r++) P[8 * r + j] = sb_dot(U, S, q + r * cols + col0);
 #endif
 }
