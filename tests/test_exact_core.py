@@ -444,6 +444,7 @@ def isa_checks(request, tmp_path_factory):
         err.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, isa_checks):
     """VKSPEC_CPU_ISA forces the dot kernels' vector width and lane passes

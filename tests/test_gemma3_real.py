@@ -14,6 +14,8 @@ from vkspec.cachedir import cache_root
 from vkspec.loader import load_model
 from vkspec.speculative import generate
 
+pytestmark = pytest.mark.slow          # a real Gemma 3 GGUF and transformers
+
 LOGIT_TOL = 1e-3
 # "The capital of France is", "def f(x):\n    return x  # ok" (transformers' tokenizer from
 # the same GGUF gives these ids, without the <bos> it does not add)

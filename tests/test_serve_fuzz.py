@@ -166,6 +166,7 @@ class HealthWatch(threading.Thread):
                 self.stop.wait(0.05)
 
 
+@pytest.mark.slow
 def test_malformed_requests_never_get_a_server_error(server):
     seen, server_errors = [], []
     watch = HealthWatch(server.url)

@@ -341,6 +341,7 @@ def schema_strategy():
         lambda p: {"type": "object", "properties": p, "required": sorted(p), "additionalProperties": False})
 
 
+@pytest.mark.slow
 def test_generated_schemas_constrain_every_answer_the_same_with_drafts(qwen, request):
     from hypothesis import HealthCheck, given, settings
     examples = 200 if "cpu" in request.node.name else 20        # Lavapipe is slow; the CPU takes 200

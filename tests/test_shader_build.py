@@ -88,6 +88,7 @@ def test_path_is_the_fallback_and_the_variable_wins(tmp_path, monkeypatch):
     assert build.find_glslang() == "/opt/elsewhere/glslangValidator"
 
 
+@pytest.mark.slow
 def test_wheel_and_debian_compilers_emit_the_same_spirv(tmp_path, monkeypatch):
     """Every shipped variant, compiled by glslang 13.1.1 from the wheel and by
     Debian's 12.0, is the same SPIR-V byte for byte, header included: both

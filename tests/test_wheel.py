@@ -20,6 +20,8 @@ import pytest
 from conftest import require
 from vkspec.shaders import build
 
+pytestmark = pytest.mark.slow          # each test builds or installs the wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["run", "--backend", "vulkan", "--prompt-ids", "1,2,3", "-n", "4", "--json"]
 
