@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from . import numba_cache  # noqa: I001  (first: where numba caches)
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload, register_jitable
 
 from ... import exact
@@ -268,7 +268,7 @@ def _lane_tree(s, dk, out):
         out[d] = s[0, d]
 
 
-@njit(boundscheck=False, error_model="numpy", cache=True)
+@njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _deltanet_scan_fused(S0, S, q, k, v, beta, decay, out, snaps):
     """_deltanet_scan for dk <= 128, dk % 4 == 0, in two passes over each
     head's state instead of four: the decay with the k-columns, the update
@@ -276,15 +276,20 @@ def _deltanet_scan_fused(S0, S, q, k, v, beta, decay, out, snaps):
     (dk <= 128), so a lane's value is +0 + product and the four lanes of a
     lane sum are added as they are produced: the same operations on the same
     values as _columns, without the (128, D) lane array. The first row's
-    decay reads S0, as in _deltanet_scan."""
+    decay reads S0, as in _deltanet_scan.
+
+    Heads outer, shared among the threads, rows inner: a head's recurrence
+    is its own, so each head's rows run in order as before, and its state
+    (dk x dv) stays in cache across a block's rows instead of every head's
+    state streaming through once a row."""
     nv, dk, dv = S.shape
-    s = np.empty((32, dv), F)
-    mem = np.empty(dv, F)
-    delta = np.empty(dv, F)
-    for i in range(q.shape[0]):
-        keep = i < snaps.shape[0]
-        for h in range(nv):
-            sh, kh, qh = S[h], k[i, h], q[i, h]
+    for h in prange(nv):
+        s = np.empty((32, dv), F)
+        mem = np.empty(dv, F)
+        delta = np.empty(dv, F)
+        sh = S[h]
+        for i in range(q.shape[0]):
+            kh, qh = k[i, h], q[i, h]
             s0 = S0[h] if i == 0 else sh
             g = decay[i, h]
             for t in range(0, dk, 4):
@@ -315,7 +320,7 @@ def _deltanet_scan_fused(S0, S, q, k, v, beta, decay, out, snaps):
                     sh[t + 2, d] = a2
                     sh[t + 3, d] = a3
                     s[t // 4, d] = ((_ZERO + q0 * a0) + (_ZERO + q1 * a1)) + ((_ZERO + q2 * a2) + (_ZERO + q3 * a3))
-                if keep:
+                if i < snaps.shape[0]:
                     snaps[i, h, t:t + 4] = sh[t:t + 4]
             _lane_tree(s, dk, out[i, h])
 
