@@ -479,3 +479,25 @@ def test_the_kernel_cache_is_named_after_the_dot_ir():
     assert len(set(digests.values())) == len(digests)
     if "NUMBA_CACHE_DIR" not in os.environ or "/vkspec/numba/" in os.environ["NUMBA_CACHE_DIR"]:
         assert os.environ["NUMBA_CACHE_DIR"].endswith(f"{jit_ir.ISA}-{digests[jit_ir.ISA]}")
+
+
+@pytest.mark.parametrize("n", [1, 5, 211])
+def test_compiled_conv_step_is_the_numpy_definition(n, monkeypatch):
+    """ops.conv_step's compiled taps (jit_math.conv_taps) against its NumPy
+    lines: outputs and window, with infinities, NaN and signed zeros in the
+    inputs and the ring."""
+    rng = np.random.default_rng(n)
+    ring = rng.standard_normal((3, 40)).astype(np.float32)
+    x = (rng.standard_normal((n, 40)) * 3).astype(np.float32)
+    x.reshape(-1)[::9] = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0, 3e38], np.float32)[
+        np.arange(len(x.reshape(-1)[::9])) % 6]
+    ring[0, :3] = [-0.0, np.nan, 1e-40]
+    w = rng.standard_normal((40, 4)).astype(np.float32)
+    w[0, 0] = -0.0
+    runs = []
+    with np.errstate(all="ignore"):
+        for enabled in (True, False):
+            monkeypatch.setattr(cpu_jit, "ENABLED", enabled)
+            runs.append(cpu_ops.conv_step(ring, x, w))
+    bits_equal(runs[0][0], runs[1][0])
+    bits_equal(runs[0][1], runs[1][1])

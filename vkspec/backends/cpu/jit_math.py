@@ -410,6 +410,27 @@ def rope(x, cos, sin) -> np.ndarray:
     return out
 
 
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def _conv_taps(window, wt, out):
+    """ops.conv_step's sums: out[i] = +0 + wt[0] * window[i] + ... + wt[K-1] *
+    window[i + K - 1], tap by tap, for each of out's rows (wt: the taps as
+    rows, (K, C))."""
+    for i in range(out.shape[0]):
+        for c in range(out.shape[1]):
+            out[i, c] = _ZERO
+        for t in range(wt.shape[0]):
+            for c in range(out.shape[1]):
+                out[i, c] = out[i, c] + wt[t, c] * window[i + t, c]
+
+
+def conv_taps(window, w) -> np.ndarray:
+    """ops.conv_step's tap sums over window (K - 1 + n, C) with w (C, K), compiled."""
+    n = window.shape[0] - w.shape[1] + 1
+    out = np.empty((n, window.shape[1]), F)
+    _conv_taps(np.ascontiguousarray(window, dtype=F), np.ascontiguousarray(np.asarray(w, F).T), out)
+    return out
+
+
 def machine_code() -> str:
     """The assembly of every compiled function here (numba_cache.machine_code)."""
     x, w = np.ones((2, 9), F), np.ones(9, F)
@@ -417,6 +438,7 @@ def machine_code() -> str:
              (_rms_rows, (x, w, x, F(1e-6), F(1 / 9), True, np.empty_like(x))),
              (_softmax_rows, (x, np.array([9, 4]), np.array([0, 1]), np.empty_like(x))),
              (_rope_rows, (np.ones((2, 3, 8), F), np.ones((2, 6), F), np.ones((2, 6), F), np.empty((2, 3, 8), F))),
+             (_conv_taps, (np.ones((5, 9), F), np.ones((4, 9), F), np.empty((2, 9), F))),
              (_deltanet_scan, (np.ones((2, 3, 9), F), np.ones((2, 3, 9), F), np.ones((1, 2, 3), F), np.ones((1, 2, 3), F),
                                np.ones((1, 2, 9), F), np.ones((1, 2), F), np.ones((1, 2), F),
                                np.empty((1, 2, 9), F), np.empty((1, 2, 3, 9), F))),

@@ -305,6 +305,8 @@ def conv_step(ring, x, w) -> tuple[np.ndarray, np.ndarray]:
     alone. Returns (out (n, C), window): the ring after row i is
     window[i+1:i+K]; the caller keeps the last one."""
     window = np.concatenate([ring, x], axis=0)          # (K-1+n, C)
+    if jit.enabled():
+        return _m().silu(jit_math.conv_taps(window, w)), window
     n, taps = x.shape[0], w.shape[1]
     acc = np.zeros(x.shape, f32)
     for t in range(taps):
