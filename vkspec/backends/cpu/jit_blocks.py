@@ -23,7 +23,7 @@ from ... import exact
 from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, claim, dot_rows, threads
-from .jit_ir_blocks import CODES
+from .jit_ir_groups import CODES
 from .jit_unpack import (FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, STAGED, gemv_fused, order_staged,
                          order_x, unpack)
 

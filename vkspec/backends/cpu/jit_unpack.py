@@ -23,7 +23,9 @@ from numba.extending import intrinsic
 
 from .jit_dot import MAX_ROWS, call_for_rows, linked_arrays
 from .jit_ir import ISA, unpack_ir
-from .jit_ir_blocks import CODES, COLUMNS, FORMATS, blocks_ir, group_order, staged
+from .jit_ir_blocks import blocks_ir
+from .jit_ir_groups import CODES, COLUMNS, FORMATS, group_order
+from .jit_ir_staged import staged
 
 FUSED_ROWS = MAX_ROWS                             # every ISA (past fused_passes' reach, staged)
 ORDERED = group_order(ISA) != COLUMNS             # gemv_fused reads its input rows through order_x
