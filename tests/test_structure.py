@@ -129,15 +129,20 @@ def test_the_interface_gives_the_same_bits_on_both_backends(models):
 
 
 def test_the_op_table_binds_what_each_shader_declares(vk):
+    """Every compiled variant has exactly one op-table entry whose bindings,
+    in binding order, are its storage blocks by name: a binding is named as
+    its block is (lowercased) or as the block's first member."""
     from vkspec.backends.vulkan.device import load_shader
     for src in sorted((ROOT / "shaders").glob("*.comp")):
         if src.stem in NO_TWIN - {"fill"}:
             continue
         for name in build.variants(src):
             variant = name[len(src.stem) + 1:-4] or None
-            bound = len(load_shader(src.stem, variant).reflection.buffers)
-            entries = [op for op in graph.OPS if op.stem == src.stem and len(op.bindings) == bound]
-            assert len(entries) == 1, (name, bound, [op.bindings for op in graph.OPS if op.stem == src.stem])
+            blocks = load_shader(src.stem, variant).reflection.buffers
+            declared = [(b.name.lower(), b.members[0].name) for b in blocks]
+            entries = [op for op in graph.OPS if op.stem == src.stem and len(op.bindings) == len(blocks)
+                       and all(n in pair for n, pair in zip(op.bindings, declared))]
+            assert len(entries) == 1, (name, declared, [op.bindings for op in graph.OPS if op.stem == src.stem])
 
 
 def test_a_push_struct_that_disagrees_with_its_shader_fails_the_build(tmp_path):

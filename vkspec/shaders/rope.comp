@@ -10,8 +10,8 @@
 
 layout(local_size_x = 64) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer C { float cos_t[]; };
-layout(std430, binding = 2) readonly buffer N { float sin_t[]; };
+layout(std430, binding = 1) readonly buffer Cos { float cos_t[]; };   // the op table names a binding by its block (cos is GLSL's)
+layout(std430, binding = 2) readonly buffer Sin { float sin_t[]; };
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 STEP_BLOCK(4)
 layout(push_constant) uniform Push {
