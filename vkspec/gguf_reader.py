@@ -2,15 +2,12 @@
 
 Why not ``gguf.GGUFReader``: it builds every metadata value as Python objects
 (a ReaderField per key and, for each string of an array, two NumPy memmap
-slices plus list entries), and ``contents()`` walks them again. Measured on
-this 2-core machine: SmolLM2-135M (49,152 tokens, 48,900 merges) 5.4-6.0 s per
-``GGUFReader`` open (+0.05 s per ``contents()`` of the token list); Gemma 3
-270M (262,144 tokens) 26.7 s. This reader makes one pass over the
+slices plus list entries), and ``contents()`` walks them again: seconds for
+a large vocabulary. This reader makes one pass over the
 memory-mapped header with ``struct``: numeric arrays become typed NumPy views
 of the mapping (no copy), string arrays one Python list built in that pass
-(a list beat a NumPy object array: 42 vs 51-57 ms median for SmolLM2's
-tokens). It reads SmolLM2's header in 0.09 s and Gemma 3's in 0.27 s; the
-string loop is nearly all of it. tests/test_gguf_reader.py prints both times.
+(faster than a NumPy object array); the string loop is nearly all of its
+time. tests/test_gguf_reader.py prints both times.
 
 The ``gguf`` package stays the authority for what it is good at: the type
 constants, ``GGML_QUANT_SIZES``, the writer (tests) and the dequantization

@@ -18,9 +18,9 @@
 //   GPU cannot coalesce. Lavapipe (Mesa 22) makes every storage buffer load
 //   a loop over its SIMD lanes, so what costs there is the count of loads:
 //   here each input vec4 is read once for INV_ROWS rows, and a 32-column
-//   block's words once for its 8 lanes (tests/bench/bench_core.py: a Q4_1
-//   1536 x 576 gemv 8.1 -> 2.1-2.8 ms, one row; the parallel layout has 32
-//   invocations a row and the barriers of the tree).
+//   block's words once for its 8 lanes (tests/bench/bench_core.py measures
+//   it; the parallel layout has 32 invocations a row and the barriers of
+//   the tree).
 // Grid: (ceil(rows / push.py's Gemv rows_per_group), 1); ROUTED: (.., pairs).
 // Weights in any format of weights.glsl (W_<FORMAT>), rows of row_bytes
 // bytes from byte w_off; columns past `cols` are never read (a padded column
@@ -65,7 +65,7 @@ layout(std430, binding = 2) readonly buffer X { vec4 x4[]; };
 // 32-column block of each row (w_block32), and each input vec4 is read once
 // for all the rows. Every array here is indexed by constants once the driver
 // unrolls the loops, so it stays in registers (an array indexed by a variable
-// stays in memory on Lavapipe, which made a 4096 x 192 gemv ~6x slower).
+// stays in memory on Lavapipe, which made the gemv several times slower).
 void lane_group(uint rb[MAX_INV_ROWS], uint s0[MAX_INV_ROWS], bool live[MAX_INV_ROWS], uint g,
                 out float f[MAX_INV_ROWS][MAXR][8]) {
     precise vec4 acc[MAX_INV_ROWS][MAXR][8];

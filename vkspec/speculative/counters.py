@@ -39,7 +39,7 @@ class Counters:
 
     def copy(self) -> "Counters":
         """Every round checkpoints the counters: a field-by-field copy (deepcopy
-        cost ~0.1 ms, a tenth of a trained-hybrid step on the CPU path)."""
+        cost a tenth of a trained-hybrid step on the CPU path)."""
         return Counters(self.forwards, self.verifies, self.drafted, self.accepted, self.replays,
                         list(self.carried), list(self.taken), {k: list(v) for k, v in self.by_source.items()})
 

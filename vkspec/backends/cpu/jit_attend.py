@@ -1,23 +1,19 @@
 """attend compiled by numba: a block's attention in one call per layer.
 
 Why one kernel: scores, softmax and the weighted sum as three compiled calls
-(each a parallel dispatch) with NumPy reshapes between them cost ~170 us a
-layer at one row on SmolLM2, ten times their arithmetic, and a quarter of a
-decoding step.
+(each a parallel dispatch) with NumPy reshapes between them cost ten times
+their arithmetic at one row on SmolLM2.
 
 Two parallel loops: the scores, and then softmax and values, one item per
 (row, query head). Heads up to 64 wide (a multiple of 4) take their scores
 from _lane_scores: every row's queries of a KV head side by side, one a
 vector lane (jit_dot.query_scores), so each key is loaded once for all the
-verify rows and no shuffles are needed (Zen 3, SmolLM2, 187 keys, one core:
-6 rows' scores 150 -> 52 us a layer). Other heads take one item per (row,
+verify rows and no shuffles are needed. Other heads take one item per (row,
 KV head), each key row loaded once for the query heads of its group
 (jit_dot.key_scores up to 64 wide, else dot_rows one key at a time). The
 values are jit_dot.row_values per (row, head), right after its softmax: the
-lanes in registers, a lane's keys in turn (Zen 3, SmolLM2, 250 keys, two
-cores, the whole attend a layer: 1 row 54 -> 37 us, 4 rows 134 -> 84, 6 rows
-162 -> 119, against lanes in memory for one row and one query a vector lane
-for the verify rows).
+lanes in registers, a lane's keys in turn (faster than lanes in memory for
+one row and one query a vector lane for the verify rows).
 
 Why it is exact: each item computes what the three kernels (a GEMV, softmax,
 weighted sums) computed for it, with the same helpers: every score is
@@ -56,7 +52,7 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
     With the block's own keys (k, v (n, nkv, hd); none: zero rows), q and k
     are first rotated by jit_math._rope_rows (ops.rope) and k, v written to
     the caches at rows pos (ops.rope's cache variant and the value store):
-    one call a layer where three wrappers and two dispatches cost ~40 us."""
+    one call a layer instead of three wrappers and two dispatches."""
     n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[1]
     rep = nh // nkv
     if k.shape[0]:

@@ -299,20 +299,17 @@ def _gemv(codes, d0, d1, d2, s0, s1, s2, p0, p1, p2, x, nw, eps, up, act, o0, o1
 
     x is first replaced by rmsnorm(x, nw, eps) where nw is not empty, or by
     ELEMENTWISE[act](x) * up where up is not empty (jit_math's kernels, so
-    the same bits): one call less between kernels, whose Python and
-    dispatch cost ~8 us each in a layer (SmolLM2, one row).
+    the same bits): one call less between kernels, each of which costs its
+    Python and its dispatch.
 
     Each thread first computes its own fixed share of the row blocks (three
     quarters of them in all), then takes the rest from one shared count
     (jit_dot.claim), half of what is left over the workers at a time, so a
     core that is slower for a while (another program on it, an efficiency
     core, a busy neighbour of a guest) no longer holds the others at the
-    end of every GEMV. On the Zen 3 guest, the whole model's GEMVs timed in
-    one process against a fixed half each, alternating: the same minima
-    (1 row 6.99 vs 6.99 ms, 4 rows 14.80 vs 15.19, 6 rows 19.25 vs 19.38),
-    medians in its noisy periods 8.29 vs 8.86, 16.08 vs 17.60, 21.77 vs
-    22.72; every block taken from the count cost 2-5% at 6 rows. Each block
-    is still one thread's, so no bit moves."""
+    end of every GEMV (the same minima as a fixed half each, better medians
+    on a noisy host; every block taken from the count cost more). Each
+    block is still one thread's, so no bit moves."""
     if nw.shape[0]:
         xn = np.empty_like(x)
         jit_math._rms_rows(x, nw, x, eps, F(1.0 / x.shape[1]), False, xn)
@@ -423,8 +420,8 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False, norm=None, up=None, act:
 def _call_args(part, logical: bool):
     """The compiled call's arguments for one to three matrices, less x and
     the outputs, and their stored row counts: made once per list and kept on
-    its first matrix (preparing them on every call cost ~4 us of a GEMV's
-    ~15 us wrapper, ~120 GEMVs a token). The entry holds the matrices, so no
+    its first matrix (preparing them on every call was a quarter of a GEMV's
+    wrapper, paid ~120 times a token). The entry holds the matrices, so no
     id in its key can be another object's; a list whose arrays had to be
     converted is never kept (a weight lives once)."""
     calls = part[0].__dict__.setdefault("_calls", {})

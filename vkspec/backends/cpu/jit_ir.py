@@ -314,9 +314,7 @@ def row_values_ir(isa: str = ISA) -> str:
     Why: the values as lanes in memory (acc (128, d) zeroed, each key's row
     loaded, added and stored back, then folded) cost a store a product and
     a 32 KB clear a head, and the verify rows' one-query-a-lane kernel ran
-    a loop per lane of one or two keys for each 8 columns of 8 queries
-    (SmolLM2, 4 rows, 250 keys: ~3.4 products a cycle on one Zen 3 core,
-    70 us a layer; 57 us here, softmax included in neither). A pass takes
+    a loop per lane of one or two keys for each 8 columns of 8 queries. A pass takes
     4 vectors of columns; for each lane quad l its four lanes run over
     their keys in registers (lane j: +0, then + p[t] * v[t] for t = j, j +
     128, ... in [lo, hi)), s_l = (a_4l + a_4l+1) + (a_4l+2 + a_4l+3) is

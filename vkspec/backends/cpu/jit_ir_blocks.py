@@ -4,7 +4,7 @@ with the weight values never written anywhere (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 Q4_K, Q6_K: what SmolLM2, Llama and Gemma GGUFs hold).
 
 Why: decoding a row into a buffer and then dotting the buffer made the CPU
-path read its weights at ~2.5 GB/s in plain decoding. Here each 32 values go
+path's plain decoding a fraction of the memory's speed. Here each 32 values go
 from their bytes into vector registers and straight onto the lanes of every
 input row, and a whole block's f16 scales widen in one vector instruction.
 

@@ -47,8 +47,7 @@ COLUMNS = tuple(range(32))
 def group_order(isa: str = ISA) -> tuple[int, ...]:
     """PERM where a group's bytes are permuted by one instruction (AVX-512
     with VBMI's vpermb), the column order elsewhere: AVX2 needs ~4
-    instructions a group for it, more than the finish saves at one row
-    (haswell code on a Zen 4, Q8_0 lm_head at one row: 2.30 against 2.05 ms)."""
+    instructions a group for it, more than the finish saves at one row."""
     return PERM if isa == "avx512" and _host_vbmi() else COLUMNS
 
 

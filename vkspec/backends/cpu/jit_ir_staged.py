@@ -13,8 +13,7 @@ from .jit_ir_groups import COLUMNS, FORMATS, _group, _splat, _unit_scales
 # rows a staged kernel's pass takes at most: 4 vectors of 8 floats each, with
 # one weight vector and a product beside them (AVX2: 3 rows, 14 of 16 ymm;
 # plain SSE halves the vectors, so 1). A pass of 3 rows loads the weight
-# vector once for 3 products instead of 2: the 6-row GEMVs of a SmolLM2
-# forward 26.9 -> 25.0 ms with the byte-shuffle decode (_staged_group).
+# vector once for 3 products instead of 2.
 STAGED_ROWS = {"avx512": 2, "avx2": 3, "plain": 1}
 # the staged kernels' order of a group's 32 values: vector k (positions 8k..)
 # holds columns 4 STAGED_E[i] + k, i = 0..7 (_transposed)

@@ -2,8 +2,8 @@
 operations of vkspec.exact, in its order, one element at a time.
 
 Why: exact.py runs each formula as a dozen NumPy passes over whole arrays. On
-a model as small as the trained hybrid each call costs ~50 us of fixed
-overhead whatever its size, so a decoding step spent most of its time there
+a model as small as the trained hybrid each call's fixed overhead outweighs
+its arithmetic, so a decoding step spent most of its time there
 (sigmoid, silu and RMSNorm are called per layer and, in the MoE, per expert).
 
 One source: the scalar functions here are exact.py's own formulas (``_exp``,
@@ -104,7 +104,7 @@ def _elementwise_kernel(x, out, op, times):
     sigmoid, silu and gelu_tanh go in stages, each a loop of its own
     (exact._sigmoid's recip(1 + exp(-v)), then exact._silu's x * that, or
     exact._gelu_tanh's u first): as one loop LLVM did not inline exp and recip
-    together and left it scalar, ~25 ns a value."""
+    together and left it scalar."""
     if op == 4 or op == 5 or op == 8:
         for i in range(x.size):
             v = x[i]

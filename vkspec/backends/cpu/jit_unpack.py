@@ -3,9 +3,8 @@
 row[at:] into out[y:] (16 bytes into 32 values, or 32 into 32).
 
 Why: numba compiles a loop over uint8 quants to one scalar int-to-float
-conversion a value (LLVM does not vectorise it), ~0.8 ns a value, which made
-the block GEMV read 0.7-1.4 GB/s; here a block's values come out of a few
-vector instructions. tests/test_formats.py holds the decoders that use these
+conversion a value (LLVM does not vectorise it); here a block's values come
+out of a few vector instructions. tests/test_formats.py holds the decoders that use these
 to formats/ggml.py bit for bit, edge blocks included.
 
 Callers guarantee the bytes and the 32 floats are there (nothing checks).

@@ -12,8 +12,8 @@ the same jit_math.rmsnorm calls for the q/k and sandwich norms: the same
 kernels on the same arrays, so the same bits.
 
 Why: the general path builds those arguments again on every call (ops
-wrappers, reshapes, checks, _call_args lookups): 70 us a layer on SmolLM2 at
-one row on a Zen 3, 15% of a decoding step. tests/test_gguf.py (SmolLM2),
+wrappers, reshapes, checks, _call_args lookups), a large part of a small
+model's decoding step. tests/test_gguf.py (SmolLM2),
 test_families_qwen.py (Qwen2, Qwen3) and test_gemma3.py hold these
 families here to the general path and to the NumPy definition
 (conftest.layer_calls_three_ways).

@@ -27,7 +27,7 @@ def machine_code(kernel, *example) -> list[str]:
     """A kernel's assembly: of its overloads compiled in this process if it
     has any, else of a fresh copy compiled for the example arguments. numba
     cannot show code it loaded from this cache, and a fresh copy of a block
-    kernel takes ~40 s to compile (tests on an empty cache reuse theirs)."""
+    kernel is slow to compile (tests on an empty cache reuse theirs)."""
     from numba import njit
     compiled = [sig for sig in kernel.signatures if kernel.stats.cache_misses[sig]]
     if compiled:

@@ -11,7 +11,8 @@ kind up to the largest storage buffer, :class:`Span` a piece of one): the
 weights' bytes, their scales, the norm vectors, the KV cache, the recurrent
 state. A shader then binds the same buffers at every layer and takes the
 layer's offset in its push constants, so one pipeline serves all layers
-(Lavapipe compiles every pipeline with LLVM: ~1 MiB and ~0.1 s each).
+(Lavapipe compiles every pipeline with LLVM, which costs memory and time
+for each).
 
 The pieces (Plan, DevWeight, Span, the limits) are in buffers.py.
 """

@@ -118,8 +118,8 @@ class VulkanModel:
     @on_device("while recording the decoding shapes")
     def warm(self, length: int = 0, copies: int = 0, listed: int = 0, prompt: int = 0):
         """Record now the step shapes a run will meet, so that no forward pays
-        for a pipeline build (Lavapipe compiles one at creation, ~0.15 s per
-        row count): a prompt of ``prompt`` tokens fed in blocks, then decoding
+        for a pipeline build (Lavapipe compiles one at creation, for each row
+        count): a prompt of ``prompt`` tokens fed in blocks, then decoding
         up to ``length`` tokens in every context bucket on the way: one row a
         step for plain decoding, 1..MAX_ROWS rows (trunk and MTP head) when
         drafts may come (``copies`` copy slots or a ``listed`` draft

@@ -27,7 +27,7 @@ from ...formats.intform import block_size
 def gemv_layout(dev) -> str:
     """gemv.comp's lane layout for this device: "parallel" (the 32 lanes of a
     row across 32 invocations: coalesced reads, for GPUs), or "serial" (one
-    invocation walks a row) on Lavapipe, where it runs 1.3-1.8x faster. The
+    invocation walks a row) on Lavapipe, where it runs faster. The
     bits are the same. VKSPEC_GEMV_LANES=parallel|serial overrides."""
     env = os.environ.get("VKSPEC_GEMV_LANES", "")
     if env:
@@ -57,11 +57,10 @@ def gemv_spec(layout: str, nvec: int, variant: str) -> tuple:
     """gemv.comp's specialization constants (NVEC, INV_ROWS, workgroup width)
     for `nvec` input rows: the serial layout compiles one pipeline per count,
     so its loops unroll. More weight rows an invocation read each input vec4
-    fewer times (Lavapipe's cost) but make a bigger pipeline to compile. On
-    Lavapipe (Zen 3, SmolLM2) 4 rows for every count of the block formats
-    gave T(5..8)/T(1) = 3.4-5.2 where 2 rows above 4 counts gave 4.9-7.7; a
-    block-format pipeline compiles in 0.7-7 s, a K-quant's with 2 rows in
-    1.5-5 s (one input row to eight)."""
+    fewer times (Lavapipe's cost) but make a bigger pipeline to compile: 4
+    rows for every count of the block formats gave the lower T(n)/T(1) on
+    Lavapipe, and a K-quant's pipeline with 2 rows compiles in a time of the
+    same order as a block format's."""
     if layout != "serial":
         return ()
     inv_rows = 4 if variant.split("_serial")[0] in BLOCK32 else (2 if nvec <= 4 else 1)
