@@ -242,3 +242,18 @@ def test_every_repository_path_named_in_code_and_docs_exists():
             if not exists(path):
                 missing.append(f"{src.relative_to(root)}: {path}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_timings_stay_out_of_the_code():
+    """Comments and docstrings say why; the numbers that showed it live in
+    docs/ (performance.md states the present, history.md the rest): a
+    timing or a rate in the package's sources is a claim nobody re-measures."""
+    timing = re.compile(r"\d[\d.]* ?(ms|us|µs|ns|GB/s|MB/s|tok/s)\b|\d[\d.]*x (faster|slower)")
+    found = []
+    for src in sorted(ROOT.rglob("*")):
+        if src.suffix not in (".py", ".c", ".h", ".comp", ".glsl") or "__pycache__" in src.parts:
+            continue
+        for i, line in enumerate(src.read_text(errors="replace").splitlines(), 1):
+            if timing.search(line) and "print(" not in line and 'f"' not in line:
+                found.append(f"{src.relative_to(ROOT.parent)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
