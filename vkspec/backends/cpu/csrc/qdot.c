@@ -286,6 +286,11 @@ static int quantize_input(Input *in, const int need[2]) {
 }
 
 enum { TILE = 8, RB = 32 };   /* activation rows (16 KB of 2048 columns), weight rows a block */
+#if defined(__AVX2__)
+enum { TILED = 1 };
+#else
+enum { TILED = 0 };           /* plain C decodes a K-quant row once a call: a tile would decode it again */
+#endif
 
 /* every matrix k against input ins[at[k]], in one parallel region: each matrix's rows shared out
  * among the threads with no barrier between matrices. Returns 0, or -1 when memory runs out
@@ -352,7 +357,7 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
 #endif
                 continue;
             }
-            if (m->fmt < F_Q2_K || in->n <= TILE) {
+            if (!TILED || m->fmt < F_Q2_K || in->n <= TILE) {
                 #pragma omp for schedule(dynamic, chunk) nowait
                 for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
                 continue;
