@@ -8,8 +8,9 @@ import pytest
 from vkspec.errors import VkspecError
 from vkspec.sampling import Sampler
 from vkspec.speculative.config import SpecConfig
-from vkspec.speculative import decode
-from vkspec.speculative.decode import choose, generate_spec
+from vkspec.speculative import round as spec_round
+from vkspec.speculative.decode import generate_spec
+from vkspec.speculative.round import choose
 from vkspec.speculative.gate import FORCE_PLAIN_AFTER, PROBE_EVERY, T1_SAMPLES, Gate, Rate
 from vkspec.speculative.lookup import PromptLookup
 from vkspec.speculative.source import Proposal
@@ -298,7 +299,7 @@ class Echo:
 @pytest.fixture
 def echo(monkeypatch):
     m = Echo()
-    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
+    monkeypatch.setattr(spec_round, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
     return m
 
 
@@ -344,7 +345,7 @@ class FirstSlow(Echo):
 
 def test_a_first_dispatch_is_not_a_measurement(monkeypatch):
     m = FirstSlow()
-    monkeypatch.setattr(decode, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
+    monkeypatch.setattr(spec_round, "time", types.SimpleNamespace(perf_counter=m.perf_counter))
     g = Gate(7)
     r = generate_spec(m, [0, 1, 2, 3, 0, 1], 24, Sampler(), [PromptLookup(5)], g)
     assert r.tokens == [2, 3, 0, 1] * 6

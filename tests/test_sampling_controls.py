@@ -8,7 +8,7 @@ import pytest
 from vkspec.loader import load_model
 from vkspec.sampling import Sampler
 from vkspec.speculative import SpecConfig, generate, generate_spec
-from vkspec.speculative.decode import Cancelled
+from vkspec.speculative.round import Cancelled
 from vkspec.speculative.sources import build
 from vkspec.tiny import make_tiny
 

@@ -9,7 +9,7 @@ from vkspec.speculative import generate
 from vkspec.loader import load_model
 from vkspec.sampling import Sampler
 from vkspec.speculative import SpecConfig, generate_spec
-from vkspec.speculative.decode import Cancelled
+from vkspec.speculative.round import Cancelled
 from vkspec.speculative.forced import wrong_rows
 from vkspec.speculative.sources import build
 from vkspec.tiny import make_tiny

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 
 from ..errors import DeviceError
 from ..sampling import Sampler
-from ..speculative.decode import Cancelled, generate_spec
+from ..speculative.decode import generate_spec
+from ..speculative.prefill import prefill
+from ..speculative.round import Cancelled
 from .store import Saved, StateStore, measure
 
 
@@ -139,14 +141,7 @@ class Engine:
             # so a pin holds no draft-source rows of the turn before it
             for s in self.sources:
                 s.begin(self.model, self.state, prompt, fed)
-            for i in range(fed, len(prompt), self.model.max_rows):
-                rows = prompt[i:i + self.model.max_rows]
-                hidden, _ = self.model.forward(rows, self.state, logits_rows="last")
-                for s in self.sources:
-                    s.observe(rows, hidden, i)
-            for s in self.sources:
-                if hasattr(s, "prefilled"):
-                    s.prefilled()
+            prefill(self.model, self.state, prompt, fed, sources=self.sources)
             self.live = tuple(prompt)
         return self._save()
 

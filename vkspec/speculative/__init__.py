@@ -17,8 +17,9 @@ Terms (used across this package):
 * **replay**: with fewer copy slots than drafts (S < K), a rejection past the
   slots re-runs the standing rows from the state before the verify.
 
-Files: ``decode.py`` is the transaction and the loop (plain decoding is the
-same loop with no draft source); ``source.py`` is what a draft source offers;
+Files: ``round.py`` is the transaction, one round as named steps;
+``decode.py`` the loop around it (plain decoding is the same loop with no
+draft source); ``prefill.py`` feeds a prompt; ``source.py`` is what a draft source offers;
 ``lookup.py`` and ``mtp.py`` are the draft sources; ``gate.py`` decides how
 many drafts pay; ``vocab.py`` keeps the MTP head's draft vocabulary;
 ``forced.py`` holds the forced draft modes the tests use; ``config.py`` the

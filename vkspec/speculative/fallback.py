@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 from ..errors import DeviceError
+from .prefill import prefill
 
 
 class Fallback:
@@ -55,12 +54,9 @@ class Fallback:
                 s.moved(cpu, new)
             how = "snapshot"
         else:
-            hidden = [np.zeros((0, cpu.cfg.hidden_size), np.float32)]
-            for i in range(0, len(rows), cpu.max_rows):
-                h, _ = cpu.forward(rows[i:i + cpu.max_rows], new, logits_rows="last")
-                hidden.append(np.asarray(h, np.float32))
+            _, hidden = prefill(cpu, new, rows, keep_hidden=True)
             for s in sources:
-                s.moved(cpu, new, list(rows), np.concatenate(hidden))
+                s.moved(cpu, new, list(rows), hidden)
             how = "replay"
         self.model, self.state = cpu, new
         self.moves.append(how)
