@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import VkspecError
 from ...formats.matrix import FORMATS
+
+if TYPE_CHECKING:
+    import kp
 
 
 def size_text(b: int) -> str:
@@ -70,8 +74,8 @@ class DevPart:
     fmt: str
     row_bytes: int
     s_stride: int         # scales per row (0: none outside the data)
-    data: object          # kp tensor holding the rows' bytes from byte w_off
-    scales: object        # kp tensor holding the scales from float s_off
+    data: kp.Tensor       # kp tensor holding the rows' bytes from byte w_off
+    scales: kp.Tensor     # kp tensor holding the scales from float s_off
     w_off: int = 0
     s_off: int = 0
     acts: str = "f32"     # the QWeight's arithmetic: "q8" runs gemv_q8.comp
@@ -100,7 +104,7 @@ class DevWeight:
 class Span:
     """Words off..off+n of the arena tensor t: one layer's piece of a buffer
     the layers share."""
-    t: object
+    t: kp.Tensor
     off: int
     n: int
 

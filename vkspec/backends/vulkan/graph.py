@@ -11,9 +11,16 @@ against the SPIR-V when the shaders are built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ...shaders import push as P
 from .device import load_shader
+
+
+class Pass(StrEnum):
+    """What a recorded sequence runs: the model's layers, or its MTP head."""
+    MAIN = "main"
+    MTP = "mtp"
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,30 @@ OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, GEMV_Q8, GEMV_Q8_ROUTED, GEMV_Q8_ROWMAP, 
        RMSNORM_GATED, EMBED, ROPE, ATTEND, CONV_STEP, DELTANET, BIAS_ADD, BIAS_ADD_ACC, SILU_MUL, GELU_MUL, ROUTE, MOE_COMBINE, ARGMAX, SOFTMAX, FILL)
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    algo: object                 # kp.Algorithm
+    push: object                 # the packed push constants
+
+
+@dataclass(frozen=True)
+class SyncLocal:
+    """Device -> host copies of these tensors."""
+    tensors: list
+
+
+@dataclass(frozen=True)
+class SyncDevice:
+    """Host -> device copies of these tensors."""
+    tensors: list
+
+
+@dataclass(frozen=True)
+class Host:
+    """The sequence ends; the host runs fn; the next one begins."""
+    fn: object
+
+
 def groups(n: int, local: int = 64) -> int:
     """Workgroups of `local` invocations that cover n."""
     return max(1, -(-n // local))
@@ -62,7 +93,8 @@ class Recording:
     and the host copies, and host work that splits it into segments."""
 
     def __init__(self, dev, algos: dict):
-        self.dev, self.algos, self.items = dev, algos, []
+        self.dev, self.algos = dev, algos
+        self.items: list[Dispatch | SyncLocal | SyncDevice | Host] = []
 
     def op(self, op: Op, variant: str | None, grid, push, /, spec=(), **buffers):
         if set(buffers) != set(op.bindings):
@@ -74,17 +106,17 @@ class Recording:
         algo = self.algos.get(key)
         if algo is None:
             algo = self.algos[key] = self.dev.algorithm(shader, tensors, g, push, spec)
-        self.items.append(("dispatch", algo, shader.pack(push)))
+        self.items.append(Dispatch(algo, shader.pack(push)))
 
     def sync_local(self, tensors):
-        self.items.append(("sync_local", tensors))
+        self.items.append(SyncLocal(tensors))
 
     def sync_device(self, tensors):
-        self.items.append(("sync_device", tensors))
+        self.items.append(SyncDevice(tensors))
 
     def host(self, fn):
         """The sequence ends here; the host runs fn; the next one begins."""
-        self.items.append(("host", fn))
+        self.items.append(Host(fn))
 
     def sequences(self, first_sync: list, last_sync: list) -> list[tuple]:
         """kp sequences [(sequence, host fn or None)]: each replays with one
@@ -94,14 +126,14 @@ class Recording:
         segments, seq = [], self.dev.sequence()
         seq.record(kp.OpTensorSyncDevice(first_sync))
         for item in self.items:
-            if item[0] == "dispatch":
-                seq.record(kp.OpAlgoDispatch(item[1], item[2]))
-            elif item[0] == "sync_local":
-                seq.record(kp.OpTensorSyncLocal(item[1]))
-            elif item[0] == "sync_device":
-                seq.record(kp.OpTensorSyncDevice(item[1]))
+            if isinstance(item, Dispatch):
+                seq.record(kp.OpAlgoDispatch(item.algo, item.push))
+            elif isinstance(item, SyncLocal):
+                seq.record(kp.OpTensorSyncLocal(item.tensors))
+            elif isinstance(item, SyncDevice):
+                seq.record(kp.OpTensorSyncDevice(item.tensors))
             else:
-                segments.append((seq, item[1]))
+                segments.append((seq, item.fn))
                 seq = self.dev.sequence()
         seq.record(kp.OpTensorSyncLocal(last_sync))
         segments.append((seq, None))

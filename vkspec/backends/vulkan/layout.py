@@ -15,6 +15,7 @@ Terms:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +25,13 @@ from ...formats.matrix import QWeight
 from ...rope import rope_tables
 from ...shaders.limits import MAX_ROWS  # one definition, compiled into the shaders
 from ...weights import LayerW, MoeW, Weights, qweights
-from .buffers import DevWeight, q8_words
+from .buffers import DevWeight, Span, q8_words
+from .graph import Pass
 from .memory import Uploader
 from .step import step_block
+
+if TYPE_CHECKING:
+    import kp
 
 P = exact.padded
 
@@ -116,45 +121,45 @@ class Ffn:
     router: DevWeight | None = None
     sh_gate_up: DevWeight | None = None
     sh_down: DevWeight | None = None
-    moe_i: int = -1                  # MoE ordinal: this layer's rows of the routing buffers
-    smap: object = None              # expert -> device slot (the tier edits it)
-    tier_ord: int | None = None      # the tier's ordinal, when the tier holds this layer's experts
+    moe_i: int = -1                # MoE ordinal: this layer's rows of the routing buffers
+    smap: kp.Tensor | None = None  # expert -> device slot (the tier edits it)
+    tier_ord: int | None = None    # the tier's ordinal, when the tier holds this layer's experts
 
 
 @dataclass
 class AttnMixer:
     gated: bool
-    q_norm: object
-    k_norm: object
-    kc: object                       # KV cache, (ctx, nkv, hd) each
-    vc: object
-    bias: object = None              # the fused q|k|v rows' biases
-    o_bias: object = None
-    cos: object = None               # this layer's RoPE tables (one pair per base, shared)
-    sin: object = None
-    window: int = 0                  # keys at distance 0..window-1 (0: all)
+    q_norm: Span | None
+    k_norm: Span | None
+    kc: Span                      # KV cache, (ctx, nkv, hd) each
+    vc: Span
+    bias: Span | None = None      # the fused q|k|v rows' biases
+    o_bias: Span | None = None
+    cos: kp.Tensor | None = None  # this layer's RoPE tables (one pair per base, shared)
+    sin: kp.Tensor | None = None
+    window: int = 0               # keys at distance 0..window-1 (0: all)
 
 
 @dataclass
 class DeltaMixer:
-    conv_w: object
-    par: object                      # dt_bias | -exp(A_log)
-    norm: object
-    ring: object                     # (regions, K-1, cd)
-    ssm: object                      # (regions, nv, dk, dv)
+    conv_w: Span
+    par: Span   # dt_bias | -exp(A_log)
+    norm: Span
+    ring: Span  # (regions, K-1, cd)
+    ssm: Span   # (regions, nv, dk, dv)
 
 
 @dataclass
 class Layer:
     index: int
-    in_norm: object
-    post_norm: object
+    in_norm: Span
+    post_norm: Span
     mix: DevWeight
     out: DevWeight
     mixer: AttnMixer | DeltaMixer
     ffn: Ffn
-    mixer_out_norm: object = None    # sandwich norms (Gemma 3), see weights.LayerW
-    ffn_out_norm: object = None
+    mixer_out_norm: Span | None = None  # sandwich norms (Gemma 3), see weights.LayerW
+    ffn_out_norm: Span | None = None
 
     @property
     def attention(self) -> bool:
@@ -165,31 +170,31 @@ class Layer:
 class Scratch:
     """A block's activations; names as in the recorder. x, mx, mtp_in, h, ed
     and ridx are host-visible: the host reads or writes them between passes."""
-    x: object          # the trunk's residual stream
-    h: object          # normed rows
-    xn: object         # the final norm's rows
-    proj: object       # a fused projection's output
-    qn: object         # q and k after their norms, q after RoPE
-    kn: object
-    qr: object
-    scores: object
-    attn_o: object
-    mixed: object      # the conv's output
-    prep: object       # q, k, beta, decay of the delta rule
-    dn_o: object
-    dn_n: object
-    act: object        # silu(g) * u
-    rlog: object       # router logits (and the shared gate)
-    ridx: object       # routed experts and their weights, per MoE layer
-    rwt: object
-    ey: object         # routed gate|up, then routed down outputs
-    ed: object
-    sh: object         # the shared expert's output
-    fcin: object       # the MTP head's fc input
-    mx: object         # the MTP head's residual stream
-    mtp_in: object     # the trunk's hidden rows the head reads
-    sub: object        # a sublayer's output before its sandwich norm (Gemma 3)
-    q8: object         # a GEMV's input as q8 blocks (quantize_q8.comp): a region per block size
+    x: kp.Tensor       # the trunk's residual stream
+    h: kp.Tensor       # normed rows
+    xn: kp.Tensor      # the final norm's rows
+    proj: kp.Tensor    # a fused projection's output
+    qn: kp.Tensor      # q and k after their norms, q after RoPE
+    kn: kp.Tensor
+    qr: kp.Tensor
+    scores: kp.Tensor
+    attn_o: kp.Tensor
+    mixed: kp.Tensor   # the conv's output
+    prep: kp.Tensor    # q, k, beta, decay of the delta rule
+    dn_o: kp.Tensor
+    dn_n: kp.Tensor
+    act: kp.Tensor     # silu(g) * u
+    rlog: kp.Tensor    # router logits (and the shared gate)
+    ridx: kp.Tensor    # routed experts and their weights, per MoE layer
+    rwt: kp.Tensor
+    ey: kp.Tensor      # routed gate|up, then routed down outputs
+    ed: kp.Tensor
+    sh: kp.Tensor      # the shared expert's output
+    fcin: kp.Tensor    # the MTP head's fc input
+    mx: kp.Tensor      # the MTP head's residual stream
+    mtp_in: kp.Tensor  # the trunk's hidden rows the head reads
+    sub: kp.Tensor     # a sublayer's output before its sandwich norm (Gemma 3)
+    q8: kp.Tensor      # a GEMV's input as q8 blocks (quantize_q8.comp): a region per block size
 
 
 HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
@@ -232,7 +237,7 @@ class Layout:
         self.q8_region = MAX_ROWS * max(self.dims.k, 1) * q8_words(max(cols), 32) if cols else 4
 
     def output_shapes(self):
-        return [("main", MAX_ROWS)] + ([("mtp", 1)] if self.mtp else [])
+        return [(Pass.MAIN, MAX_ROWS)] + ([(Pass.MTP, 1)] if self.mtp else [])
 
     def scratch_words(self) -> dict[str, int]:
         d, R = self.dims, MAX_ROWS
@@ -303,14 +308,14 @@ class Layout:
             self.outputs(up, b, kind, rows)
         return b
 
-    def outputs(self, up: Uploader, b: Buffers, kind: str, rows: int):
+    def outputs(self, up: Uploader, b: Buffers, kind: Pass, rows: int):
         """The (logits, picks) tensors of a pass of `rows` rows. Every trunk
         pass shares one pair of MAX_ROWS rows (a pass's rows are copied out
         before the next pass runs; one pair per row count cost 4.5x the
         memory, and a host-visible buffer counts twice where device memory is
         host memory). The head's are made on first use beyond the planned
         shapes (its whole-block passes: tests)."""
-        rows = MAX_ROWS if kind == "main" else rows
+        rows = MAX_ROWS if kind is Pass.MAIN else rows
         if (kind, rows) not in b.outputs:
             V = self.dims.V
             b.outputs[kind, rows] = (up.zeros(f"outputs:{kind}{rows}.logits", rows * V, np.float32, "device"),

@@ -54,8 +54,8 @@ class Uploader:
         self.made: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._staging = None
-        self._planned = {k: list(v) for k, v in (arenas or {}).items()}   # kind -> arena words
-        self._arenas: dict[str, list[Arena]] = {}
+        self._planned = {k: list(v) for k, v in (arenas or {}).items()}   # (kind, generation) -> words
+        self._arenas: dict[tuple[str, int], list[Arena]] = {}
         self._span_arena: dict[int, Arena] = {}
 
     @classmethod
@@ -69,19 +69,19 @@ class Uploader:
     def plan(self) -> Plan:
         return Plan(list(self.made.items()))
 
-    def arena_sizes(self) -> dict[str, list[int]]:
-        """kind -> words of each arena, as a dry run packed them: the real
+    def arena_sizes(self) -> dict[tuple[str, int], list[int]]:
+        """(kind, generation) -> words of each arena, as a dry run packed them: the real
         uploader given these makes each arena once at its final size."""
         return {k: [a.used for a in v] for k, v in self._arenas.items()}
 
-    def plan_arenas(self, kind: str, sizes: list[int]):
-        """Spans of these sizes will come next in a kind of their own."""
-        self._planned[kind] = pack(sizes, max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS)
+    def plan_arenas(self, kind: str, generation: int, sizes: list[int]):
+        """Spans of these sizes will come next in arenas of their own generation."""
+        self._planned[kind, generation] = pack(sizes, max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS)
 
-    def span(self, name: str, words: int, kind: str, report: bool = True) -> Span:
-        """`words` words for `name` in an arena of its kind (ARENA_KINDS; a
-        kind "ring@4" is a generation of "ring")."""
-        dtype, zeroed = ARENA_KINDS[kind.split("@")[0]]
+    def span(self, name: str, words: int, kind: str, report: bool = True, generation: int = 0) -> Span:
+        """`words` words for `name` in an arena of its kind (ARENA_KINDS) and
+        generation (spans made together that outlive the arenas before them)."""
+        dtype, zeroed = ARENA_KINDS[kind]
         need, limit = aligned(words), max_buffer_bytes() // 4 // ALIGN_WORDS * ALIGN_WORDS
         if need > limit and self.dev is not None:     # a dry run's Plan.check names it
             raise VkspecError(f"{name} needs one {need * 4 / 2**20:.2f} MiB device buffer, over the "
@@ -89,11 +89,11 @@ class Uploader:
                               "VKSPEC_MAX_BUFFER_MB)")
         if name in self.made:
             raise ValueError(f"device tensor {name} made twice")
-        arenas = self._arenas.setdefault(kind, [])
+        arenas = self._arenas.setdefault((kind, generation), [])
         a = arenas[-1] if arenas else None
         make = None
         if a is None or a.used + need > a.cap:
-            planned = self._planned.get(kind, [])
+            planned = self._planned.get((kind, generation), [])
             cap = max(limit, need) if self.dev is None else (planned[len(arenas)] if len(arenas) < len(planned)
                                                              else need)
             a = Arena(None, cap)

@@ -23,6 +23,7 @@ from ...errors import DeviceError, VkspecError
 from ...weights import Weights
 from .device import get_device, on_device
 from .faults import Faults
+from .graph import Pass
 from .layout import MAX_ROWS, Layout
 from .buffers import Plan, budget_bytes
 from .memory import Uploader
@@ -141,12 +142,12 @@ class VulkanModel:
             widths += sorted({min(V, first), min(V, first + step)})
         from ...progress import bar
         drafts = copies > 0 or listed > 0
-        shapes = [("main", min(MAX_ROWS, prompt - i), self._bucket(min(prompt, i + MAX_ROWS)),
+        shapes = [(Pass.MAIN, min(MAX_ROWS, prompt - i), self._bucket(min(prompt, i + MAX_ROWS)),
                    min(MAX_ROWS, prompt - i) > 1, 0) for i in range(0, prompt, MAX_ROWS)]
         rows = range(1, (MAX_ROWS if drafts else 1) + 1)
-        shapes += [("main", n, bucket, False, 0) for bucket in buckets for n in rows]
+        shapes += [(Pass.MAIN, n, bucket, False, 0) for bucket in buckets for n in rows]
         if self.has_mtp and drafts:
-            shapes += [("mtp", n, bucket, n > 1, w) for bucket in buckets for n in rows for w in widths]
+            shapes += [(Pass.MTP, n, bucket, n > 1, w) for bucket in buckets for n in rows for w in widths]
         todo = list(dict.fromkeys(s for s in shapes if s not in self._seqs))
         with bar(len(todo), "recording pipelines", unit="shape") as progress:
             for shape in todo:
@@ -188,7 +189,7 @@ class VulkanModel:
 
     def _rows(self, kind, n, last, logits_t, picks_t, ids=None, width=0):
         H, V = self.cfg.hidden_size, width or self.cfg.vocab_size
-        x = (self.b.scratch.x if kind == "main" else self.b.scratch.mx).data()
+        x = (self.b.scratch.x if kind is Pass.MAIN else self.b.scratch.mx).data()
         rows = 1 if last else n
         hidden = x[:n * self.layout.dims.Hp].reshape(n, -1)[:, :H].copy()
         logits = logits_t.data()[:rows * V].reshape(rows, V)
@@ -196,7 +197,7 @@ class VulkanModel:
         if ids is not None:                  # the listed ids, then padding that repeats the last
             logits, picks = logits[:, :len(ids)], ids[np.minimum(picks, len(ids) - 1)]
         logits = logits.copy()
-        if kind == "main":
+        if kind is Pass.MAIN:
             self.last_picks = picks      # the device's argmax of each logits row
         else:
             self.last_mtp_picks = picks
@@ -218,7 +219,7 @@ class VulkanModel:
         step_block().write(self.b.step, st.kv_len, st.live, tokens, range(st.kv_len, st.kv_len + n),
                            [NO_SLOT if r is None else r for r in regions])
         last = logits_rows != "all" and n > 1
-        segments, logits_t, picks_t = self._sequence("main", n, self._bucket(st.kv_len + n), last)
+        segments, logits_t, picks_t = self._sequence(Pass.MAIN, n, self._bucket(st.kv_len + n), last)
         st.block = (st.kv_len, n, st.live, regions)
         self._run(segments, "forward", n)
         if self.tier is not None:
@@ -226,7 +227,7 @@ class VulkanModel:
         st.kv_len += n
         st.live = regions[-1]
         self._hit("readback", n)
-        return self._rows("main", n, last, logits_t, picks_t)
+        return self._rows(Pass.MAIN, n, last, logits_t, picks_t)
 
     @on_device("in a rewind")
     def rewind(self, st: DeviceState, keep: int):
@@ -258,9 +259,9 @@ class VulkanModel:
         if ids is not None and not isinstance(ids, np.ndarray):
             ids = np.asarray(ids, np.int64)
         listed = 0 if ids is None else self._list_ids(ids)
-        segments, logits_t, picks_t = self._sequence("mtp", n, self._bucket(max(pos) + 1), last, listed)
+        segments, logits_t, picks_t = self._sequence(Pass.MTP, n, self._bucket(max(pos) + 1), last, listed)
         self._run(segments, "mtp", n)
-        hidden, logits = self._rows("mtp", n, last, logits_t, picks_t, ids, listed)
+        hidden, logits = self._rows(Pass.MTP, n, last, logits_t, picks_t, ids, listed)
         return (hidden[-1:], logits) if last else (hidden, logits)
 
     def _list_ids(self, ids) -> int:

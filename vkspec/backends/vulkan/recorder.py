@@ -2,7 +2,7 @@
 device, dispatch after dispatch, replayed with one eval() per forward.
 
 A **shape** is (pass, rows, attention bucket, last, listed): the trunk
-("main") or the MTP head ("mtp"); 1..MAX_ROWS rows; the attention span
+(Pass.MAIN) or the MTP head (Pass.MTP); 1..MAX_ROWS rows; the attention span
 rounded up to a bucket; whether only the last row goes on to the lm_head;
 and the padded length of a draft vocabulary the head scores (0: all of it).
 Push constants are fixed at record time; what changes per step goes through
@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import VkspecError
 from ...shaders import push as P
 from . import graph as G
-from .graph import Recording, groups
+from .graph import Pass, Recording, groups
 from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
 from .buffers import DevWeight, q8_words
 from ...formats.intform import block_size
@@ -169,14 +169,14 @@ class Recorder:
             self.rec.op(G.BIAS_ADD_ACC, "acc", groups(rows * n), push, x=x, b=b.t, y=y)
 
     # --- a whole pass -------------------------------------------------------------
-    def record(self, kind: str, n: int, bucket: int, last: bool, listed: int = 0):
+    def record(self, kind: Pass, n: int, bucket: int, last: bool, listed: int = 0):
         """The sequence of one shape: (segments, logits tensor, picks tensor)."""
         d, s, b = self.d, self.s, self.b
         self.rec = Recording(self.dev, self.algos)
-        step = b.step if kind == "main" else b.mtp_step
-        x = s.x if kind == "main" else s.mx
+        step = b.step if kind is Pass.MAIN else b.mtp_step
+        x = s.x if kind is Pass.MAIN else s.mx
         trunk = self.lay.n_trunk
-        if kind == "main":
+        if kind is Pass.MAIN:
             self.embed(x, n, step, self.cfg.embedding_scale)
             layers = b.layers[:trunk]
         else:
@@ -190,7 +190,7 @@ class Recorder:
             self.rmsnorm(x, L.in_norm, s.h, n, d.H, x_stride=d.Hp, y_stride=d.Hp)
             # the head absorbing a block: the rows before the last only write
             # their KV row (nothing else of theirs is ever read)
-            m = 1 if kind == "mtp" and last and L.attention else n
+            m = 1 if kind is Pass.MTP and last and L.attention else n
             if L.attention:
                 self.attention(L, x, n, bucket, step, last_only=m < n)
             else:
@@ -199,14 +199,14 @@ class Recorder:
             self.rmsnorm(x, L.post_norm, s.h, m, d.H, x_off=o, x_stride=d.Hp, y_stride=d.Hp)
             (self.moe if L.ffn.moe_i >= 0 else self.mlp)(L, x, m, x_off=o)
         rows = 1 if last else n
-        norm = b.norm if kind == "main" else b.mtp_norm
+        norm = b.norm if kind is Pass.MAIN else b.mtp_norm
         self.rmsnorm(x, norm, s.xn, rows, d.H, x_off=(n - rows) * d.Hp, x_stride=d.Hp, y_stride=d.Hp)
         logits, picks = self.lay.outputs(self.up, b, kind, rows)
         width = listed or d.V                # listed: the head scores its draft vocabulary
         self.gemv(b.head, s.xn, logits, rows, x_stride=d.Hp, row_of=b.ids if listed else None, out_rows=width)
         self.rec.op(G.ARGMAX, None, groups(rows), P.Argmax(rows=rows, n=width, x_stride=width),
                     x=logits, y=picks)
-        first = [step] + ([s.mtp_in, b.mtp_last] if kind == "mtp" else [])
+        first = [step] + ([s.mtp_in, b.mtp_last] if kind is Pass.MTP else [])
         segments = self.rec.sequences(first, [x, logits, picks] + ([s.ridx] if self.tier else []))
         self.rec = None
         return segments, logits, picks

@@ -84,12 +84,11 @@ class DeviceStates:
         try:
             for part in ("ring", "ssm"):
                 spans = [getattr(m, part) for m in self.recurrent]
-                kind = f"{part}@{regions}"
-                self.up.plan_arenas(kind, [sp.n // self.regions * regions for sp in spans])
+                self.up.plan_arenas(part, regions, [sp.n // self.regions * regions for sp in spans])
                 for m, sp in zip(self.recurrent, spans):
                     name = self.up.name_of(sp)
                     made.append((m, part, name, self.up.span(name + ".grown", sp.n // self.regions * regions,
-                                                             kind)))
+                                                             part, generation=regions)))
         except Exception as e:
             for _, _, _, sp in made:
                 self.up.release(sp)
