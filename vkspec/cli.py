@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_load import fallback_for, load_for_spec, spec_config, tier_config
 from .speculative.config import UNSUPPORTED as UNSUPPORTED_SPEC
 
 
@@ -53,12 +54,9 @@ def _fell_back(args, fallback) -> str | None:
     return fallback.moves[0] if fallback is not None and fallback.moves else None
 
 
-def _run(args) -> int:
-    from .errors import DeviceError, VkspecError
-    from .sampling import Sampler
-    from .speculative import generate_spec
-    from .speculative.sources import build, listed_size, save_vocab
-    cfg = _spec_config(args)
+def _prompt(args):
+    """The prompt's ids and the tokenizer (None with --prompt-ids)."""
+    from .errors import VkspecError
     if args.prompt_ids is not None:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
@@ -72,21 +70,30 @@ def _run(args) -> int:
         prompt = tok.encode(args.prompt or "")
     if not prompt:
         raise VkspecError("empty prompt")
-    tier = _tier(args, args.model)
+    return prompt, tok
+
+
+def _run(args) -> int:
+    from .errors import DeviceError
+    from .sampling import Sampler
+    from .speculative import generate_spec
+    from .speculative.sources import build, listed_size, save_vocab
+    cfg = spec_config(args)
+    prompt, tok = _prompt(args)
+    tier = tier_config(args, args.model)
     if args.ctx is None:
         # a run knows how many positions it needs: the device's KV cache and
         # attention buffers are sized to them (the model's limit still holds)
         args.ctx = -(-(len(prompt) + args.n + 8) // 64) * 64
-    model = _load_for_spec(args, cfg, tier)
-    fallback = _fallback(args, model)
+    model = load_for_spec(args, cfg, tier)
+    fallback = fallback_for(args, model)
     if args.prompt_ids is not None:
         tok = _tokenizer_for_run(args)             # for the text of the output only
     sources, gate = build(model, cfg, args.model)
     sampler = Sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     # compiled kernels and device pipelines are prepared before the clock
-    # starts: built lazily, a compile or a pipeline build (Lavapipe: ~0.15 s
-    # per shape) would land inside the time to first token, the decode time
-    # and the gate's T(n)
+    # starts: built lazily, a compile or a pipeline build would land inside
+    # the time to first token, the decode time and the gate's T(n)
     spec = cfg.spec_mode != "off"
     t0 = time.perf_counter()
     model.warm(len(prompt) + args.n, cfg.spec_mtp_recurrent_snapshots if spec else 0,
@@ -109,13 +116,19 @@ def _run(args) -> int:
         save_vocab(sources)
         if getattr(model, "tier", None) is not None and args.tier_history_out:
             model.tier.save_history(args.tier_history_out)
+    _report_run(args, cfg, model, tok, prompt, res, warm_s, gate, sources, fallback)
+    return 0
+
+
+def _report_run(args, cfg, model, tok, prompt, res, warm_s, gate, sources, fallback):
+    """The run's lines on stderr, and its text (or --json) on stdout."""
     text = tok.decode(res.tokens) if tok else ""
     c = res.counters
     print(f"[vkspec {cfg.spec_mode}] run: {c.line(len(res.tokens))} | "
           + f"warm-up {warm_s:.2f} s | "
           + f"prefill {res.prefill_s:.3f} s | decode {res.decode_tok_s:.1f} tok/s", file=sys.stderr)
     stats = c.as_dict(gate, sources)
-    if tier is not None:
+    if getattr(model, "tier", None) is not None:
         stats["tier"] = model.tier.stats.as_dict()
         t = stats["tier"]
         print(f"[vkspec tier] {args.tier_gb} GiB: slots per layer {model.tier.caps}, hit rate "
@@ -136,7 +149,6 @@ def _run(args) -> int:
                           "fallback": _fell_back(args, fallback)}))
     else:
         print(text if tok else " ".join(map(str, res.tokens)))
-    return 0
 
 
 def _bench(args) -> int:
@@ -186,71 +198,6 @@ def _plan(args) -> int:
     return 0
 
 
-def _spec_config(args):
-    """The spec_* settings of run and serve: the TOML file, then the flags."""
-    from .speculative import SpecConfig
-    return SpecConfig.load(args.config, spec_mode=args.spec, spec_draft_max=args.drafts,
-                           spec_mtp_recurrent_snapshots=args.snapshots,
-                           spec_mtp_fr_vocab_size=args.mtp_vocab,
-                           spec_gate=False if args.no_gate else None,
-                           spec_gate_pstep=True if args.pstep else None)
-
-
-MTP_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
-
-
-def _load_for_spec(args, cfg, tier):
-    """The model, with its MTP head when the mode drafts from it (mtp requires
-    one, auto takes it when the checkpoint has one). With --fallback cpu, a
-    device that cannot be used (none, a failed probe, an allocation that
-    failed) gives the CPU model instead, with one line on stderr."""
-    from .errors import DeviceError
-    from .loader import load_model
-    mtp = {"mtp": True, "auto": None}.get(cfg.spec_mode, False)
-    try:
-        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend=args.backend,
-                           device_gb=args.device_gb,
-                           mtp=mtp, tier=tier, ctx=args.ctx, mtp_file=args.mtp_file)
-    except DeviceError as e:
-        if args.fallback != "cpu" or args.backend == "cpu":
-            raise
-        print(f"vkspec: {e}; running on the CPU (--fallback cpu)", file=sys.stderr, flush=True)
-        args.fell_back = "load"
-        model = load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu", mtp=mtp,
-                           ctx=args.ctx, mtp_file=args.mtp_file)
-    if cfg.spec_mode == "auto" and not model.has_mtp and model.cfg.model_type in MTP_FAMILIES:
-        # a family whose releases carry the head: a file converted without it should say so
-        print(f"vkspec: {args.model}: no MTP head (no nextn tensors, no mtp-*.gguf beside it, no --mtp-file); "
-              "drafting from prompt lookup only", file=sys.stderr, flush=True)
-    return model
-
-
-def _fallback(args, model):
-    """--fallback cpu: the CPU model a failed device hands over to, loaded
-    from the same checkpoint at the first failure (speculative/fallback.py)."""
-    if args.fallback != "cpu" or model.backend == "cpu":
-        return None
-    from .loader import load_model
-    from .speculative.fallback import Fallback
-    return Fallback(lambda: load_model(args.model, fmt=args.dtype, activations=args.activations, backend="cpu",
-                                       mtp=model.has_mtp,
-                                       ctx=model.ctx, mtp_file=args.mtp_file))
-
-
-def _tier(args, model_dir):
-    """--tier-* flags -> a TierConfig (or None: every expert on the device)."""
-    if args.tier_gb is None:
-        return None
-    from .tier.history import default_paths
-    from .tier.resident import TierConfig
-    hist = args.tier_history
-    args.tier_history_out = hist               # saved at the end (None: not saved)
-    if hist == "":                             # the cache copy, started from the model's own
-        hist, args.tier_history_out = default_paths(model_dir)
-    return TierConfig(budget_gb=args.tier_gb, rate=args.tier_rate, balance=not args.tier_no_balance,
-                      stream=args.tier_stream, history=hist)
-
-
 def _serve(args) -> int:
     import uvicorn
     from .serve.app import create_app
@@ -261,10 +208,10 @@ def _serve(args) -> int:
     from .errors import VkspecError
     if not args.max_body_mb > 0 or not args.state_budget_mb >= 0:
         raise VkspecError("--max-body-mb must be above 0 and --state-budget-mb at least 0")
-    cfg = _spec_config(args)
-    tier = _tier(args, args.model)
+    cfg = spec_config(args)
+    tier = tier_config(args, args.model)
     sock = _listen(args.host, args.port)          # a port in use fails now, not after the load
-    model = _load_for_spec(args, cfg, tier)
+    model = load_for_spec(args, cfg, tier)
     if model.backend != "cpu":      # the first requests should not wait for pipeline builds
         t0 = time.perf_counter()
         spec = cfg.spec_mode != "off"
@@ -276,7 +223,7 @@ def _serve(args) -> int:
     sources, gate = build(model, cfg, args.model)
     engine = Engine(model, tok, sources, gate, snapshots=cfg.spec_mtp_recurrent_snapshots,
                     eos=set(model.cfg.eos_token_id), budget_bytes=int(args.state_budget_mb * (1 << 20)),
-                    fallback=_fallback(args, model))
+                    fallback=fallback_for(args, model))
     name = Path(args.model).name
     import os
     from .serve.guard import is_loopback
