@@ -331,72 +331,75 @@ def row_values_ir(isa: str = ISA) -> str:
     L += ["  br label %chunk", "chunk:", "  %c0 = phi i64 [0, %entry], [%c0n, %full.done]",
           f"  %c0e = add i64 %c0, {W}", "  %whole = icmp ule i64 %c0e, %d", "  br i1 %whole, label %full, label %last",
           "last:", "  %any = icmp ult i64 %c0, %d", "  br i1 %any, label %part, label %exit"]
-
-    def body(pf: str, masked: bool, after: str) -> list[str]:
-        B = []
-        if masked:                                          # column c0 + V k + e < d
-            for k in range(C):
-                B += _splat(f"{pf}.cs{k}x", f"%c0", V, "i64") + [
-                    f"  %{pf}.col{k} = add <{V} x i64> %{pf}.cs{k}x, {_consts(range(V * k, V * k + V), 'i64')}",
-                    f"  %{pf}.m{k} = icmp ult <{V} x i64> %{pf}.col{k}, %dv"]
-
-        def load(ptr, k):
-            return (f"call {T} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, {M} %{pf}.m{k}, {T} zeroinitializer)"
-                    if masked else f"load {T}, ptr {ptr}, align 4")
-
-        B += [f"  br label %{pf}.l", f"{pf}.l:", f"  %{pf}.li = phi i64 [0, %{pf}], [%{pf}.ln, %{pf}.sum]",
-              f"  %{pf}.lmore = icmp ult i64 %{pf}.li, 32", f"  br i1 %{pf}.lmore, label %{pf}.q0, label %{pf}.tree"]
-        for i in range(4):                                  # lane j = 4 l + i
-            q = f"{pf}.q{i}"
-            nxt = f"{pf}.q{i + 1}" if i < 3 else f"{pf}.sum"
-            B += [f"{q}:", f"  %{q}.l4 = shl i64 %{pf}.li, 2", f"  %{q}.j = add i64 %{q}.l4, {i}",
-                  f"  %{q}.dd = sub i64 %lo, %{q}.j", f"  %{q}.dp = icmp sgt i64 %{q}.dd, 0",
-                  f"  %{q}.dz = select i1 %{q}.dp, i64 %{q}.dd, i64 0", f"  %{q}.dr = add i64 %{q}.dz, 127",
-                  f"  %{q}.dq = lshr i64 %{q}.dr, 7", f"  %{q}.ds = shl i64 %{q}.dq, 7",
-                  f"  %{q}.t0 = add i64 %{q}.j, %{q}.ds", f"  br label %{q}.k",
-                  f"{q}.k:", f"  %{q}.t = phi i64 [%{q}.t0, %{q}], [%{q}.tn, %{q}.kb]"]
-            B += [f"  %{q}.a{k} = phi {T} [zeroinitializer, %{q}], [%{q}.an{k}, %{q}.kb]" for k in range(C)]
-            B += [f"  %{q}.more = icmp slt i64 %{q}.t, %hi", f"  br i1 %{q}.more, label %{q}.kb, label %{nxt}",
-                  f"{q}.kb:", f"  %{q}.pp = getelementptr float, ptr %p, i64 %{q}.t",
-                  f"  %{q}.pt = load float, ptr %{q}.pp, align 4"] + _splat(f"{q}.ps", f"%{q}.pt", V, "float")
-            B += [f"  %{q}.vo = mul i64 %{q}.t, %vs", f"  %{q}.vc = add i64 %{q}.vo, %c0"]
-            for k in range(C):
-                B += [f"  %{q}.vi{k} = add i64 %{q}.vc, {V * k}", f"  %{q}.vp{k} = getelementptr float, ptr %v, i64 %{q}.vi{k}",
-                      f"  %{q}.x{k} = {load(f'%{q}.vp{k}', k)}", f"  %{q}.pr{k} = fmul {T} %{q}.ps, %{q}.x{k}",
-                      f"  %{q}.an{k} = fadd {T} %{q}.a{k}, %{q}.pr{k}"]
-            B += [f"  %{q}.tn = add i64 %{q}.t, 128", f"  br label %{q}.k"]
-        B += [f"{pf}.sum:", f"  %{pf}.so = mul i64 %{pf}.li, {C}"]
-        for k in range(C):                                  # (a_4l + a_4l+1) + (a_4l+2 + a_4l+3)
-            a = [f"%{pf}.q{i}.a{k}" for i in range(4)]
-            B += [f"  %{pf}.x{k} = fadd {T} {a[0]}, {a[1]}", f"  %{pf}.y{k} = fadd {T} {a[2]}, {a[3]}",
-                  f"  %{pf}.s{k} = fadd {T} %{pf}.x{k}, %{pf}.y{k}", f"  %{pf}.si{k} = add i64 %{pf}.so, {k}",
-                  f"  %{pf}.sp{k} = getelementptr {T}, ptr %sbuf, i64 %{pf}.si{k}",
-                  f"  store {T} %{pf}.s{k}, ptr %{pf}.sp{k}, align 32"]
-        B += [f"  %{pf}.ln = add i64 %{pf}.li, 1", f"  br label %{pf}.l", f"{pf}.tree:"]
-        for k in range(C):                                  # s_i + s_i+h, h = 16 .. 1
-            cur = []
-            for l in range(32):
-                B += [f"  %{pf}.tp{k}.{l} = getelementptr {T}, ptr %sbuf, i64 {C * l + k}",
-                      f"  %{pf}.tl{k}.{l} = load {T}, ptr %{pf}.tp{k}.{l}, align 32"]
-                cur.append(f"%{pf}.tl{k}.{l}")
-            h = 16
-            while h:
-                for l in range(h):
-                    B.append(f"  %{pf}.h{k}.{h}.{l} = fadd {T} {cur[l]}, {cur[l + h]}")
-                    cur[l] = f"%{pf}.h{k}.{h}.{l}"
-                h //= 2
-            B += [f"  %{pf}.oi{k} = add i64 %c0, {V * k}", f"  %{pf}.op{k} = getelementptr float, ptr %out, i64 %{pf}.oi{k}"]
-            B.append(f"  call void @llvm.masked.store.v{V}f32.p0({T} {cur[0]}, ptr %{pf}.op{k}, i32 4, {M} %{pf}.m{k})"
-                     if masked else f"  store {T} {cur[0]}, ptr %{pf}.op{k}, align 4")
-        return B + [f"  br label %{after}"]
-
-    L += ["full:"] + body("full", False, "full.done")
+    L += ["full:"] + _row_values_pass("full", False, "full.done", V, C)
     L += ["full.done:", f"  %c0n = add i64 %c0, {W}", "  br label %chunk"]
-    L += ["part:"] + body("part", True, "exit")
+    L += ["part:"] + _row_values_pass("part", True, "exit", V, C)
     L += ["exit:", "  ret void", "}",
           f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, {M}, {T})",
           f"declare void @llvm.masked.store.v{V}f32.p0({T}, ptr, i32, {M})"]
     return "\n".join(L) + "\n"
+
+
+def _row_values_pass(pf: str, masked: bool, after: str, V: int, C: int) -> list[str]:
+    """row_values_ir's pass over C vectors of columns from %c0 (masked: the
+    last, partial one), then a branch to `after`."""
+    T, M = f"<{V} x float>", f"<{V} x i1>"
+    B = []
+    if masked:                                          # column c0 + V k + e < d
+        for k in range(C):
+            B += _splat(f"{pf}.cs{k}x", f"%c0", V, "i64") + [
+                f"  %{pf}.col{k} = add <{V} x i64> %{pf}.cs{k}x, {_consts(range(V * k, V * k + V), 'i64')}",
+                f"  %{pf}.m{k} = icmp ult <{V} x i64> %{pf}.col{k}, %dv"]
+
+    def load(ptr, k):
+        return (f"call {T} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, {M} %{pf}.m{k}, {T} zeroinitializer)"
+                if masked else f"load {T}, ptr {ptr}, align 4")
+
+    B += [f"  br label %{pf}.l", f"{pf}.l:", f"  %{pf}.li = phi i64 [0, %{pf}], [%{pf}.ln, %{pf}.sum]",
+          f"  %{pf}.lmore = icmp ult i64 %{pf}.li, 32", f"  br i1 %{pf}.lmore, label %{pf}.q0, label %{pf}.tree"]
+    for i in range(4):                                  # lane j = 4 l + i
+        q = f"{pf}.q{i}"
+        nxt = f"{pf}.q{i + 1}" if i < 3 else f"{pf}.sum"
+        B += [f"{q}:", f"  %{q}.l4 = shl i64 %{pf}.li, 2", f"  %{q}.j = add i64 %{q}.l4, {i}",
+              f"  %{q}.dd = sub i64 %lo, %{q}.j", f"  %{q}.dp = icmp sgt i64 %{q}.dd, 0",
+              f"  %{q}.dz = select i1 %{q}.dp, i64 %{q}.dd, i64 0", f"  %{q}.dr = add i64 %{q}.dz, 127",
+              f"  %{q}.dq = lshr i64 %{q}.dr, 7", f"  %{q}.ds = shl i64 %{q}.dq, 7",
+              f"  %{q}.t0 = add i64 %{q}.j, %{q}.ds", f"  br label %{q}.k",
+              f"{q}.k:", f"  %{q}.t = phi i64 [%{q}.t0, %{q}], [%{q}.tn, %{q}.kb]"]
+        B += [f"  %{q}.a{k} = phi {T} [zeroinitializer, %{q}], [%{q}.an{k}, %{q}.kb]" for k in range(C)]
+        B += [f"  %{q}.more = icmp slt i64 %{q}.t, %hi", f"  br i1 %{q}.more, label %{q}.kb, label %{nxt}",
+              f"{q}.kb:", f"  %{q}.pp = getelementptr float, ptr %p, i64 %{q}.t",
+              f"  %{q}.pt = load float, ptr %{q}.pp, align 4"] + _splat(f"{q}.ps", f"%{q}.pt", V, "float")
+        B += [f"  %{q}.vo = mul i64 %{q}.t, %vs", f"  %{q}.vc = add i64 %{q}.vo, %c0"]
+        for k in range(C):
+            B += [f"  %{q}.vi{k} = add i64 %{q}.vc, {V * k}", f"  %{q}.vp{k} = getelementptr float, ptr %v, i64 %{q}.vi{k}",
+                  f"  %{q}.x{k} = {load(f'%{q}.vp{k}', k)}", f"  %{q}.pr{k} = fmul {T} %{q}.ps, %{q}.x{k}",
+                  f"  %{q}.an{k} = fadd {T} %{q}.a{k}, %{q}.pr{k}"]
+        B += [f"  %{q}.tn = add i64 %{q}.t, 128", f"  br label %{q}.k"]
+    B += [f"{pf}.sum:", f"  %{pf}.so = mul i64 %{pf}.li, {C}"]
+    for k in range(C):                                  # (a_4l + a_4l+1) + (a_4l+2 + a_4l+3)
+        a = [f"%{pf}.q{i}.a{k}" for i in range(4)]
+        B += [f"  %{pf}.x{k} = fadd {T} {a[0]}, {a[1]}", f"  %{pf}.y{k} = fadd {T} {a[2]}, {a[3]}",
+              f"  %{pf}.s{k} = fadd {T} %{pf}.x{k}, %{pf}.y{k}", f"  %{pf}.si{k} = add i64 %{pf}.so, {k}",
+              f"  %{pf}.sp{k} = getelementptr {T}, ptr %sbuf, i64 %{pf}.si{k}",
+              f"  store {T} %{pf}.s{k}, ptr %{pf}.sp{k}, align 32"]
+    B += [f"  %{pf}.ln = add i64 %{pf}.li, 1", f"  br label %{pf}.l", f"{pf}.tree:"]
+    for k in range(C):                                  # s_i + s_i+h, h = 16 .. 1
+        cur = []
+        for l in range(32):
+            B += [f"  %{pf}.tp{k}.{l} = getelementptr {T}, ptr %sbuf, i64 {C * l + k}",
+                  f"  %{pf}.tl{k}.{l} = load {T}, ptr %{pf}.tp{k}.{l}, align 32"]
+            cur.append(f"%{pf}.tl{k}.{l}")
+        h = 16
+        while h:
+            for l in range(h):
+                B.append(f"  %{pf}.h{k}.{h}.{l} = fadd {T} {cur[l]}, {cur[l + h]}")
+                cur[l] = f"%{pf}.h{k}.{h}.{l}"
+            h //= 2
+        B += [f"  %{pf}.oi{k} = add i64 %c0, {V * k}", f"  %{pf}.op{k} = getelementptr float, ptr %out, i64 %{pf}.oi{k}"]
+        B.append(f"  call void @llvm.masked.store.v{V}f32.p0({T} {cur[0]}, ptr %{pf}.op{k}, i32 4, {M} %{pf}.m{k})"
+                 if masked else f"  store {T} {cur[0]}, ptr %{pf}.op{k}, align 4")
+    return B + [f"  br label %{after}"]
 
 
 def _splat(name: str, value: str, n: int, ty: str) -> list[str]:

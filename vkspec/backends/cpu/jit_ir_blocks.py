@@ -118,14 +118,24 @@ def _gemv_ir(fmt: str, n: int, isa: str) -> list[str]:
                 L.append(f"  br label %{nxt}")
         else:
             L += [f"  %g{p}.{ln} = bitcast {T} %a{p}.{ln} to {T}" for ln in lanes] + [f"  br label %park{p}"]
-        L.append(f"park{p}:")
-        for o in offs:
-            for i in range(S):
-                for r in R:
-                    L += [f"  %pk{p}.{o}.{i}.{r} = getelementptr float, ptr %buf, i64 {128 * r + 32 * o + V * i}",
-                          f"  store {T} %g{p}.{o}.{i}.{r}, ptr %pk{p}.{o}.{i}.{r}, align 4"]
-        L.append(f"  br label %{'loop' + str(p + 1) if p + 1 < P else 'finish'}")
-    L.append("finish:")
+        L += _park(p, offs, S, R, V) + [f"  br label %{'loop' + str(p + 1) if p + 1 < P else 'finish'}"]
+    return L + _finish_rows(R, order)
+
+
+def _park(p: int, offs, S: int, R, V: int) -> list[str]:
+    """Pass p's lanes (its lane groups offs) stored to %buf, 128 a row."""
+    L = [f"park{p}:"]
+    for o in offs:
+        for i in range(S):
+            for r in R:
+                L += [f"  %pk{p}.{o}.{i}.{r} = getelementptr float, ptr %buf, i64 {128 * r + 32 * o + V * i}",
+                      f"  store <{V} x float> %g{p}.{o}.{i}.{r}, ptr %pk{p}.{o}.{i}.{r}, align 4"]
+    return L
+
+
+def _finish_rows(R, order) -> list[str]:
+    """Each row's 128 parked lanes finished to its output, then the next weight row."""
+    L = ["finish:"]
     for r in R:
         L += [f"  %oi{r} = mul i64 %os, {r}", f"  %om{r} = add i64 %oi{r}, %m"]
         L += _finish(r, 128 * r, f"%om{r}") if order == PERM else finish(r, f"{128 * r}", f"%om{r}")

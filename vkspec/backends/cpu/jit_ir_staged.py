@@ -121,33 +121,45 @@ def _staged_kernel_ir(fmt: str, isa: str) -> list[str]:
             L += [f"  %xm{k}.{i} = mul i64 %xs, %xo{k}.{i}", f"  %x{k}.{i} = getelementptr float, ptr %x, i64 %xm{k}.{i}"]
         L.append(f"  br label %p{k}.0")
         for o in range(4):
-            tag = f"{k}.{o}"
-            acc = [(i, j) for i in range(k) for j in range(4)]
-            L += [f"p{tag}:", f"  br label %l{tag}", f"l{tag}:", f"  %c{tag} = phi i64 [0, %p{tag}], [%cn{tag}, %b{tag}]"]
-            L += [f"  %a{tag}.{i}.{j} = phi {T} [zeroinitializer, %p{tag}], [%n{tag}.{i}.{j}, %b{tag}]" for i, j in acc]
-            L += [f"  %more{tag} = icmp ult i64 %c{tag}, %steps{o}", f"  br i1 %more{tag}, label %b{tag}, label %p{tag}.end",
-                  f"b{tag}:", f"  %s7{tag} = shl i64 %c{tag}, 7", f"  %off{tag} = add i64 %s7{tag}, {32 * o}"]
-            for j in range(4):
-                at = f"%o{tag}.{j}"
-                L += [f"  {at} = add i64 %off{tag}, {V * j}", f"  %wp{tag}.{j} = getelementptr float, ptr %wb, i64 {at}",
-                      f"  %wv{tag}.{j} = load {T}, ptr %wp{tag}.{j}, align 4"]
-                for i in range(k):
-                    v = f"{tag}.{i}.{j}"
-                    L += [f"  %xp{v} = getelementptr float, ptr %x{k}.{i}, i64 {at}",
-                          f"  %xv{v} = load {T}, ptr %xp{v}, align 4",
-                          f"  %pr{v} = fmul {T} %xv{v}, %wv{tag}.{j}", f"  %n{v} = fadd {T} %a{v}, %pr{v}"]
-            L += [f"  %cn{tag} = add i64 %c{tag}, 1", f"  br label %l{tag}", f"p{tag}.end:"]
-            for i in range(k):                  # (k0 + k1) + (k2 + k3) of 8 lanes at once
-                v = f"{tag}.{i}"
-                L += [f"  %e{v} = fadd {T} %a{v}.0, %a{v}.1", f"  %g{v} = fadd {T} %a{v}.2, %a{v}.3",
-                      f"  %t{v} = fadd {T} %e{v}, %g{v}", f"  %ti{v} = shl i64 %xo{k}.{i}, 2",
-                      f"  %tj{v} = add i64 %ti{v}, {o}", f"  %tp{v} = getelementptr {T}, ptr %tb, i64 %tj{v}",
-                      f"  store {T} %t{v}, ptr %tp{v}, align 32"]
-            if o < 3:
-                L.append(f"  br label %p{k}.{o + 1}")
+            L += _staged_pass(k, o, V)
         L += [f"  %rn{k} = add i64 %r0, {k}", f"  %sets{k} = icmp ult i64 %rn{k}, %n",
               f"  br i1 %sets{k}, label %set, label %emit"]
-    L += ["emit:", "  br label %er", "er:", "  %r = phi i64 [0, %emit], [%rnext, %er]", "  %tr = shl i64 %r, 2"]
+    return L + _staged_emit(T)
+
+
+def _staged_pass(k: int, o: int, V: int) -> list[str]:
+    """Group o of every step for the set of k input rows from %r0: their
+    lanes in registers over the decoded row, each row's 8 sums parked in %tb."""
+    T, tag = f"<{V} x float>", f"{k}.{o}"
+    acc = [(i, j) for i in range(k) for j in range(4)]
+    L = [f"p{tag}:", f"  br label %l{tag}", f"l{tag}:", f"  %c{tag} = phi i64 [0, %p{tag}], [%cn{tag}, %b{tag}]"]
+    L += [f"  %a{tag}.{i}.{j} = phi {T} [zeroinitializer, %p{tag}], [%n{tag}.{i}.{j}, %b{tag}]" for i, j in acc]
+    L += [f"  %more{tag} = icmp ult i64 %c{tag}, %steps{o}", f"  br i1 %more{tag}, label %b{tag}, label %p{tag}.end",
+          f"b{tag}:", f"  %s7{tag} = shl i64 %c{tag}, 7", f"  %off{tag} = add i64 %s7{tag}, {32 * o}"]
+    for j in range(4):
+        at = f"%o{tag}.{j}"
+        L += [f"  {at} = add i64 %off{tag}, {V * j}", f"  %wp{tag}.{j} = getelementptr float, ptr %wb, i64 {at}",
+              f"  %wv{tag}.{j} = load {T}, ptr %wp{tag}.{j}, align 4"]
+        for i in range(k):
+            v = f"{tag}.{i}.{j}"
+            L += [f"  %xp{v} = getelementptr float, ptr %x{k}.{i}, i64 {at}",
+                  f"  %xv{v} = load {T}, ptr %xp{v}, align 4",
+                  f"  %pr{v} = fmul {T} %xv{v}, %wv{tag}.{j}", f"  %n{v} = fadd {T} %a{v}, %pr{v}"]
+    L += [f"  %cn{tag} = add i64 %c{tag}, 1", f"  br label %l{tag}", f"p{tag}.end:"]
+    for i in range(k):                  # (k0 + k1) + (k2 + k3) of 8 lanes at once
+        v = f"{tag}.{i}"
+        L += [f"  %e{v} = fadd {T} %a{v}.0, %a{v}.1", f"  %g{v} = fadd {T} %a{v}.2, %a{v}.3",
+              f"  %t{v} = fadd {T} %e{v}, %g{v}", f"  %ti{v} = shl i64 %xo{k}.{i}, 2",
+              f"  %tj{v} = add i64 %ti{v}, {o}", f"  %tp{v} = getelementptr {T}, ptr %tb, i64 %tj{v}",
+              f"  store {T} %t{v}, ptr %tp{v}, align 32"]
+    if o < 3:
+        L.append(f"  br label %p{k}.{o + 1}")
+    return L
+
+
+def _staged_emit(T: str) -> list[str]:
+    """Each input row's parked sums finished to its output, then the next weight row."""
+    L = ["emit:", "  br label %er", "er:", "  %r = phi i64 [0, %emit], [%rnext, %er]", "  %tr = shl i64 %r, 2"]
     t = [f"%tv.{o}" for o in range(4)]                # s[i] = t[i] + t[i + 16], then s[i] + s[i + 8]: vectors
     for o in range(4):
         L += [f"  %tk.{o} = add i64 %tr, {o}", f"  %tq.{o} = getelementptr {T}, ptr %tb, i64 %tk.{o}",
