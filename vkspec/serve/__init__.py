@@ -3,5 +3,6 @@
 * ``engine.py``: one model and its state, turns run one at a time (states
   never mix), sessions (prefix reuse of saved states, pins), cancellation.
 * ``text.py``: chat templates, incremental detokenisation, stop strings.
-* ``app.py``: the routes, request validation and OpenAI-style errors.
+* ``app.py``: the app: the Guard, OpenAI-style errors, the routes' modules
+  (``routes_*.py``, ``utility.py``) and what they share (``server.py``).
 """

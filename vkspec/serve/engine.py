@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DeviceError
 from ..sampling import Sampler
+from ..speculative.counters import Counters
 from ..speculative.decode import generate_spec
 from ..speculative.prefill import prefill
 from ..speculative.round import Cancelled
@@ -41,7 +42,7 @@ class Turn:
     tokens: list[int] = field(default_factory=list)
     finish: str = "length"
     reused: int = 0
-    counters: object = None
+    counters: Counters | None = None
     cancelled: bool = False
     prefill_s: float = 0.0
     decode_s: float = 0.0

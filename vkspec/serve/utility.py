@@ -8,9 +8,12 @@ from fastapi import Request, Response
 
 from .metrics import CONTENT_TYPE
 from .schema import ApiError, DetokenizeRequest, TokenizeRequest
+from .server import Server
 
 
-def add_utility_routes(app, *, engine, tokenizer, model_name, metrics, body, off_loop, text_pool):
+def register(app, server: Server):
+    engine, tokenizer, model_name, metrics = server.engine, server.tokenizer, server.model_name, server.metrics
+
     def check(req):
         if req.model is not None and req.model != model_name:
             raise ApiError(f"model {req.model!r} is not served here (this server has {model_name!r})",
@@ -40,13 +43,13 @@ def add_utility_routes(app, *, engine, tokenizer, model_name, metrics, body, off
 
     async def tokenize_route(request: Request):
         metrics.request("tokenize")
-        req = await body(request, TokenizeRequest)
-        return await off_loop(text_pool, tokenize, req)
+        req = await server.body(request, TokenizeRequest)
+        return await server.off_loop(server.text_pool, tokenize, req)
 
     async def detokenize_route(request: Request):
         metrics.request("detokenize")
-        req = await body(request, DetokenizeRequest)
-        return await off_loop(text_pool, detokenize, req)
+        req = await server.body(request, DetokenizeRequest)
+        return await server.off_loop(server.text_pool, detokenize, req)
 
     for prefix in ("", "/v1"):
         app.add_api_route(prefix + "/tokenize", tokenize_route, methods=["POST"])
