@@ -257,3 +257,29 @@ def test_timings_stay_out_of_the_code():
             if timing.search(line) and "print(" not in line and 'f"' not in line:
                 found.append(f"{src.relative_to(ROOT.parent)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_modules_and_functions_stay_readable():
+    """No module of the package over 500 lines and no function over 80 (the
+    outer function counts the ones nested in it): a file or a function past
+    that is two things, and should be split where they part."""
+    long = []
+    for src in sorted(ROOT.rglob("*.py")):
+        text = src.read_text()
+        if len(text.splitlines()) > 500:
+            long.append(f"{src.relative_to(ROOT.parent)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{src.relative_to(ROOT.parent)}:{node.lineno} {node.name}: "
+                            f"{node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
+
+
+def test_the_design_map_names_every_module():
+    """docs/design.md's map names every module of the package, so whoever
+    opens it finds where a thing lives."""
+    design = (ROOT.parent / "docs" / "design.md").read_text()
+    missing = [str(p.relative_to(ROOT.parent)) for p in sorted(ROOT.rglob("*.py"))
+               if p.name != "__init__.py" and "__pycache__" not in p.parts
+               and not re.search(r"(?<![\w.])%s\b" % re.escape(p.name), design)]
+    assert not missing, "modules docs/design.md does not name:\n" + "\n".join(missing)

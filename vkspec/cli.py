@@ -341,7 +341,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vkspec", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = _parents()
-    p = sub.add_parser("selftest", help="the exact core on the device against the CPU, byte for byte")
+    p = sub.add_parser("selftest", help="every shader on the device against its NumPy twin, one op at a time, byte for byte")
     p.add_argument("--seed", type=int, default=0)
 
     p = sub.add_parser("make-tiny", help="write a deterministic tiny checkpoint")

@@ -299,6 +299,52 @@ def attend_row(q, kc, vc, scale, window: int = 0) -> np.ndarray:
     return exact.dot(p[:, None, :], vh)                  # (nh, hd)
 
 
+def _kv_of(nh: int, nkv: int) -> np.ndarray:
+    return np.arange(nh) // (nh // nkv)
+
+
+def attend_scores(q, kc, lens, scale, window: int = 0, out=None) -> np.ndarray:
+    """attend.comp's scores pass: s[i, h, l] = dot(q[i, h], kc[l, kv head of h])
+    * scale for the keys row i attends (window_start..lens[i]-1), as
+    attend_row computes them; every other entry as it is in ``out`` (+0
+    without one). q (n, nh, hd), kc (L, nkv, hd) -> (n, nh, L)."""
+    n, nh = q.shape[:2]
+    s = np.zeros((n, nh, kc.shape[0]), f32) if out is None else np.array(out, f32)
+    heads = _kv_of(nh, kc.shape[1])
+    for i, (lo, hi) in enumerate(zip(window_start(lens, window), lens)):
+        kh = kc[lo:hi].transpose(1, 0, 2)[heads]               # (nh, keys, hd)
+        s[i, :, lo:hi] = exact.dot(q[i][:, None, :], kh) * f32(scale)
+    return s
+
+
+def attend_softmax(s, lens, window: int = 0) -> np.ndarray:
+    """attend.comp's softmax pass: each (row, head)'s attended scores become
+    their probabilities, exact.softmax over keys 0..lens[i]-1 with the ones
+    before the window masked (a key keeps its lane: its position mod 128);
+    every other entry as it is. s (n, nh, L)."""
+    p = np.array(s, f32)
+    for i, (lo, hi) in enumerate(zip(window_start(lens, window), lens)):
+        valid = np.arange(hi) >= lo
+        p[i, :, lo:hi] = exact.softmax(p[i, :, :hi], valid if window else None)[:, lo:]
+    return p
+
+
+def attend_out(p, vc, lens, window: int = 0, gate=None) -> np.ndarray:
+    """attend.comp's out pass (out_gated: times sigmoid(gate)): o[i, h] =
+    dot(p[i, h, :lens[i]], vc[:lens[i], kv head of h]) over the keys, a key
+    before the window adding +0 (its p and v read as 0, v never read).
+    p (n, nh, L), vc (L, nkv, hd), gate (n, nh, hd) -> (n, nh, hd)."""
+    n, nh = p.shape[:2]
+    heads = _kv_of(nh, vc.shape[1])
+    o = np.empty((n, nh, vc.shape[2]), f32)
+    for i, (lo, hi) in enumerate(zip(window_start(lens, window), lens)):
+        valid = np.arange(hi) >= lo
+        pi = np.where(valid, p[i, :, :hi], f32(0))
+        vh = np.where(valid, vc[:hi].transpose(1, 2, 0), f32(0))[heads]    # (nh, hd, keys)
+        o[i] = exact.dot(pi[:, None, :], vh)
+    return o if gate is None else o * sigmoid(gate)
+
+
 def conv_step(ring, x, w) -> tuple[np.ndarray, np.ndarray]:
     """Causal depthwise conv of a block of rows x (n, C) over [ring (K-1 rows,
     oldest first), x], then silu; taps summed in order 0..K-1, every row as if
@@ -377,6 +423,14 @@ def sigmoid(x) -> np.ndarray:
 
 def argmax(x) -> np.ndarray:
     return exact.argmax(x).astype(np.uint32)
+
+
+def fill(y, n: int, x=None, x_off: int = 0, y_off: int = 0) -> np.ndarray:
+    """fill.comp, which moves words without arithmetic: y with words
+    y_off..y_off+n-1 zeroed (zero), or (copy) x's words x_off.. there."""
+    out = np.array(y, copy=True)
+    out[y_off:y_off + n] = 0 if x is None else np.asarray(x)[x_off:x_off + n]
+    return out
 
 
 class CpuOps:

@@ -1,7 +1,10 @@
 """The Vulkan backend's immediate ops: upload, one dispatch, download.
 
-Used to test each shader against its NumPy twin. The model's recorded chain
-(recorder.py) runs the same shaders without a round trip per op.
+Used to test each shader against its NumPy twin (vkspec/selftest_ops.py).
+An op runs here as the recorded chain (recorder.py) dispatches it: the op
+table's bindings (graph.py), the same push struct, grid and specialization
+constants, and the Step block (step.py) for the shaders that read one; only
+alone, with a round trip of its buffers.
 """
 
 from __future__ import annotations
@@ -12,15 +15,50 @@ from ... import exact
 from ...formats.intform import block_size
 from ...formats.matrix import QWeight
 from ...shaders import push as P
+from . import graph as G
 from .device import get_device, load_shader, on_device
 from .buffers import q8_words
+from .graph import Op, groups
 from .memory import Uploader
 from .recorder import gemv_dispatch, gemv_layout, gemv_spec, q8_dispatch
+from .step import step_block
+
+# the test shaders the chain never dispatches, so the op table has no entry for them
+CORE_EVAL = Op("core_eval", ("x", "y"), P.CoreEval)
+FLOAT_PROBE = Op("float_probe", ("c", "o"), type(None))
+
+# where a weight starts in its buffers: a little way in, as an arena span puts
+# a layer's (a shader that ignored w_off or s_off would read the filler)
+W_OFF, S_OFF = 16, 3
+FILLER = 0xA5
 
 
 def _padded_rows(x: np.ndarray, cols_p: int) -> np.ndarray:
     out = np.zeros((x.shape[0], cols_p), dtype=np.float32)
     out[:, :x.shape[1]] = x
+    return out
+
+
+def weight_buffers(w: QWeight, w_off: int = 0, s_off: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """w's rows in logical order as uint32 words from byte w_off (a multiple
+    of 4), and its outside scales from float s_off, filler before both."""
+    data = np.ascontiguousarray(w.data[w.stored(slice(None))]).reshape(-1)
+    words = np.full(-(-(w_off + data.size) // 4), FILLER * 0x01010101, np.uint32)
+    words.view(np.uint8)[w_off:w_off + data.size] = data
+    sc = w.scales[w.stored(slice(None))].reshape(-1) if w.scales_per_row else np.zeros(0, np.float32)
+    scales = np.concatenate([np.full(s_off, -7.5, np.float32), sc.astype(np.float32)])
+    return words, scales if scales.size else np.zeros(1, np.float32)
+
+
+def q8_rows(q, d, sums) -> np.ndarray:
+    """quantize_q8.comp's output rows (buffers.q8_words words each) holding
+    (q, d, sums) as backends/cpu/ops.py quantize_q8 returns them."""
+    rows, cols = q.shape
+    nb = d.shape[1]
+    out = np.zeros((rows, q8_words(cols, cols // nb)), np.uint32)
+    out[:, :cols // 4] = np.ascontiguousarray(q, np.int8).view(np.uint32)
+    out[:, cols // 4:cols // 4 + nb] = np.ascontiguousarray(d, np.float32).view(np.uint32)
+    out[:, cols // 4 + nb:cols // 4 + nb + cols // 16] = np.ascontiguousarray(sums, np.int32).view(np.uint32)
     return out
 
 
@@ -31,22 +69,38 @@ class VulkanOps:
         self.dev = get_device()
 
     @on_device("in an op")
-    def _run(self, shader, inputs, outputs, groups, push):
+    def dispatch(self, op: Op, variant: str | None, grid, push, spec=(), read=(), **buffers):
+        """One dispatch of ``op`` (graph.Op), its buffers by binding name as
+        arrays (uploaded) or tensors (step()); returns the arrays named in
+        ``read`` as they are after it, in their shapes and dtypes."""
+        if set(buffers) != set(op.bindings):
+            raise TypeError(f"{op.stem}: bindings {sorted(buffers)} != {list(op.bindings)}")
         dev = self.dev
-        ins = [dev.tensor(a) for a in inputs]
-        outs = [dev.tensor(np.zeros(a.shape, a.dtype)) for a in outputs]
-        algo = dev.algorithm(shader, ins + outs, groups, push)
+        ts = {n: dev.tensor(b) if isinstance(b, np.ndarray) else b for n, b in buffers.items()}
+        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+        algo = dev.algorithm(load_shader(op.stem, variant), [ts[b] for b in op.bindings], g, push, spec)
         seq = dev.sequence()
-        seq.record(dev.kp.OpTensorSyncDevice(ins + outs))
+        seq.record(dev.kp.OpTensorSyncDevice(list(ts.values())))
         seq.record(dev.kp.OpAlgoDispatch(algo))
-        seq.record(dev.kp.OpTensorSyncLocal(outs))
+        seq.record(dev.kp.OpTensorSyncLocal([ts[n] for n in read]))
         seq.eval()
-        return [t.data().copy().reshape(a.shape) for t, a in zip(outs, outputs)]
+        return [ts[n].data().copy().reshape(np.shape(buffers[n])) for n in read]
 
+    def step(self, rows: int, tokens=None, pos=None, kv_len: int = 0, live: int = 0, slots=()):
+        """A Step block (step.py) for `rows` rows, as the chain's host writes
+        it before a replay."""
+        t = self.dev.tensor(np.zeros(step_block().words, np.uint32))
+        zeros = np.zeros(rows, np.uint32)
+        step_block().write(t, kv_len, live, zeros if tokens is None else tokens, zeros if pos is None else pos,
+                           slots)
+        return t
+
+    # --- gemv.comp and gemv_q8.comp -------------------------------------------------
     @on_device("in a gemv")
     def gemv(self, w: QWeight, x: np.ndarray) -> np.ndarray:
-        """The weight uploaded as it is stored (every part), 1 to 8 rows;
-        a q8 weight's rows quantised on the device first (quantize_q8.comp)."""
+        """The weight uploaded as it is stored (every part), 1 to 8 rows, in
+        this device's lane layout; a q8 weight's rows quantised on the device
+        first (quantize_q8.comp)."""
         x = np.asarray(x, dtype=np.float32)
         single = x.ndim == 1
         cols_p = exact.padded(w.cols)
@@ -82,43 +136,99 @@ class VulkanOps:
         y = yt.data().copy().reshape(n, w.rows)
         return y[0] if single else y
 
+    def _gemv(self, w: QWeight, x, lanes: str, kind: str, y, pairs: int, nvec: int, push: dict, **extra):
+        """One dispatch of gemv.comp (float rows x) or gemv_q8.comp (q8_rows
+        words x, for a weight with q8 activations) in the lane layout
+        ``lanes``; kind "", "_routed" or "_rowmap"; y the output buffer as
+        it is before (acc and the rows a dispatch leaves alone)."""
+        fmt = w.format.variant
+        if w.acts == "q8":
+            op = {"": G.GEMV_Q8, "_routed": G.GEMV_Q8_ROUTED, "_rowmap": G.GEMV_Q8_ROWMAP}[kind]
+            (variant, gx), spec, src = q8_dispatch(fmt + kind, push["rows"], lanes), (nvec,), dict(q=x)
+        else:
+            op = {"": G.GEMV, "_routed": G.GEMV_ROUTED, "_rowmap": G.GEMV_ROWMAP}[kind]
+            x = _padded_rows(x, exact.padded(w.cols))
+            (variant, gx), spec = gemv_dispatch(fmt + kind, push["rows"], lanes), gemv_spec(lanes, nvec, fmt)
+            src = dict(x=x)
+        data, scales = weight_buffers(w, W_OFF, S_OFF)
+        push = P.Gemv(cols=w.cols, x_stride=x.shape[1], y_stride=y.shape[1], w_off=W_OFF, s_off=S_OFF,
+                      row_bytes=w.row_bytes, s_stride=w.scales_per_row, **push)
+        (out,) = self.dispatch(op, variant, (gx, pairs), push, spec=spec, read=("y",), w=data, scales=scales,
+                               y=np.asarray(y, np.float32), **src, **extra)
+        return out
+
+    def gemv_rows(self, w: QWeight, x, lanes: str, y=None) -> np.ndarray:
+        """y = w x for 1 to 8 rows of x, or with y given y + w x (acc: the
+        residual stream)."""
+        n = len(x)
+        y0 = np.zeros((n, w.rows), np.float32) if y is None else y
+        return self._gemv(w, x, lanes, "", y0, 1, n, dict(rows=w.rows, nvec=n, acc=int(y is not None)))
+
+    def gemv_routed(self, slots: QWeight, per: int, x, lanes: str, idx, idx_off: int, slot_of, x_div: int, y):
+        """Pair j (of idx[idx_off:]) into row j of y: expert idx[idx_off + j]'s
+        rows (per of them, at slot slot_of[expert] of ``slots``) times row
+        j // x_div of x; a pair whose expert has no slot is left alone."""
+        pairs = len(idx) - idx_off
+        push = dict(rows=per, nvec=pairs, w_expert=per * slots.row_bytes, s_expert=per * slots.scales_per_row,
+                    x_div=x_div, idx_off=idx_off)
+        return self._gemv(slots, x, lanes, "_routed", y, pairs, 1, push, idx=np.asarray(idx, np.uint32),
+                          slot_of=np.asarray(slot_of, np.uint32))
+
+    def gemv_rowmap(self, part: QWeight, first_row: int, row_of, x, lanes: str, y):
+        """Output row m = weight row row_of[m] for the rows that ``part`` (rows
+        first_row.. of the matrix) holds; the other output rows left alone."""
+        n = len(x)
+        push = dict(rows=len(row_of), nvec=n, first_row=first_row, part_rows=part.rows)
+        return self._gemv(part, x, lanes, "_rowmap", y, 1, n, push, row_of=np.asarray(row_of, np.uint32))
+
     def quantize_q8(self, x, block: int):
         """quantize_q8.comp on rows of x: (q int8, d, 16-column sums), as
         ops.quantize_q8 returns them."""
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, cols = x.shape
         words = q8_words(cols, block)
-        (qw,) = self._run(load_shader("quantize_q8", f"b{block}"), [x], [np.zeros((rows, words), np.uint32)],
-                          (-(-cols // 256), rows, 1), P.QuantizeQ8(rows=rows, cols=cols, x_stride=cols, q_stride=words))
+        (qw,) = self.dispatch(G.QUANTIZE_Q8, f"b{block}", (groups(cols, 256), rows),
+                              P.QuantizeQ8(rows=rows, cols=cols, x_stride=cols, q_stride=words), read=("q",),
+                              x=x, q=np.zeros((rows, words), np.uint32))
         q = qw[:, :cols // 4].copy().view(np.int8).reshape(rows, cols)
         d = qw[:, cols // 4:cols // 4 + cols // block].copy().view(np.float32)
         sums = qw[:, cols // 4 + cols // block:cols // 4 + cols // block + cols // 16].copy().view(np.int32)
         return q, d, sums
 
+    # --- row ops -----------------------------------------------------------------------
     def rmsnorm(self, x, w, eps: float) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
         push = P.Rmsnorm(rows=rows, n=n, x_stride=n, y_stride=n, eps=eps, inv_n=np.float32(1.0 / n))
-        (y,) = self._run(load_shader("rmsnorm", "plain"), [x, np.asarray(w, np.float32)],
-                         [np.zeros_like(x)], -(-rows // 64), push)
+        (y,) = self.dispatch(G.RMSNORM, "plain", groups(rows), push, read=("y",),
+                             x=x, w=np.asarray(w, np.float32), y=np.zeros_like(x))
         return y
 
     def softmax(self, x) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
         push = P.Softmax(rows=rows, n=n, x_stride=n, y_stride=n)
-        (y,) = self._run(load_shader("softmax"), [x], [np.zeros_like(x)], -(-rows // 64), push)
+        (y,) = self.dispatch(G.SOFTMAX, None, groups(rows), push, read=("y",), x=x, y=np.zeros_like(x))
         return y
 
     def argmax(self, x) -> np.ndarray:
         x = np.atleast_2d(np.asarray(x, np.float32))
         rows, n = x.shape
-        (y,) = self._run(load_shader("argmax"), [x], [np.zeros(rows, np.uint32)],
-                         -(-rows // 64), P.Argmax(rows=rows, n=n, x_stride=n))
+        (y,) = self.dispatch(G.ARGMAX, None, groups(rows), P.Argmax(rows=rows, n=n, x_stride=n), read=("y",),
+                             x=x, y=np.zeros(rows, np.uint32))
         return y
 
     def core_eval(self, x, op: int) -> np.ndarray:
         x = np.asarray(x, np.float32).ravel()
-        (y,) = self._run(load_shader("core_eval"), [x], [np.zeros_like(x)],
-                         -(-x.size // 64), P.CoreEval(n=x.size, op=op))
+        (y,) = self.dispatch(CORE_EVAL, None, groups(x.size), P.CoreEval(n=x.size, op=op), read=("y",),
+                             x=x, y=np.zeros_like(x))
         return y
+
+    def float_probe(self) -> np.ndarray:
+        """float_probe.comp's result bits for every case of vkspec/ieee.py,
+        as the start-up probe (probe.py) runs it."""
+        from .probe import case_words
+        words = case_words()
+        (o,) = self.dispatch(FLOAT_PROBE, None, len(words), None, read=("o",),
+                             c=words, o=np.zeros(len(words), np.uint32))
+        return o
