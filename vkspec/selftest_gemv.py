@@ -18,6 +18,7 @@ import numpy as np
 
 from .backends.cpu import ops
 from .backends.vulkan.immediate import q8_rows
+from .backends.vulkan.recorder import gemv_variant
 from .backends.vulkan.step import NO_SLOT
 from .formats.intform import Q8_FORMATS, block_size
 from .formats.matrix import FORMATS
@@ -25,7 +26,7 @@ from .formats.samples import random_weight
 from .selftest_ops import Check, marked, normal
 
 f32 = np.float32
-LANES = {"parallel": "", "serial": "_serial"}
+LANES = ("parallel", "serial")
 # f32: plain floats; int4-g64: scales outside the data; q4_0: 32-column
 # blocks (4 weight rows an invocation in the serial layout); q6_k: a K-quant
 KIND_FORMATS = ("f32", "int4-g64", "q4_0", "q6_k")
@@ -115,7 +116,7 @@ def quantize_q8(block: int):
 
 
 def _name(stem: str, fmt: str, kind: str, lanes: str, what: str) -> str:
-    return f"{stem}.{FORMATS[fmt].variant}{kind}{LANES[lanes]} {what}"
+    return f"{stem}.{gemv_variant(FORMATS[fmt].variant, kind, lanes)} {what}"
 
 
 def _checks(stem: str, formats, kind_formats, q8: bool, counts: dict) -> list[Check]:
@@ -123,9 +124,9 @@ def _checks(stem: str, formats, kind_formats, q8: bool, counts: dict) -> list[Ch
     the routed and row-mapped variants of kind_formats in both."""
     out = [Check(_name(stem, f, "", lanes, f"x{n}"), plain(f, lanes, n, q8))
            for f in formats for lanes, n in counts.items()]
-    out += [Check(_name(stem, f, "_routed", lanes, "6 pairs"), routed(f, lanes, q8))
+    out += [Check(_name(stem, f, "routed", lanes, "6 pairs"), routed(f, lanes, q8))
             for f in kind_formats for lanes in LANES]
-    return out + [Check(_name(stem, f, "_rowmap", lanes, f"x{n}"), rowmap(f, lanes, n, q8))
+    return out + [Check(_name(stem, f, "rowmap", lanes, f"x{n}"), rowmap(f, lanes, n, q8))
                   for f in kind_formats for lanes, n in counts.items()]
 
 

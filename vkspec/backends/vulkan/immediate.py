@@ -139,16 +139,16 @@ class VulkanOps:
     def _gemv(self, w: QWeight, x, lanes: str, kind: str, y, pairs: int, nvec: int, push: dict, **extra):
         """One dispatch of gemv.comp (float rows x) or gemv_q8.comp (q8_rows
         words x, for a weight with q8 activations) in the lane layout
-        ``lanes``; kind "", "_routed" or "_rowmap"; y the output buffer as
+        ``lanes``; kind "", "routed" or "rowmap" (recorder.ADDRESSING); y the output buffer as
         it is before (acc and the rows a dispatch leaves alone)."""
         fmt = w.format.variant
         if w.acts == "q8":
-            op = {"": G.GEMV_Q8, "_routed": G.GEMV_Q8_ROUTED, "_rowmap": G.GEMV_Q8_ROWMAP}[kind]
-            (variant, gx), spec, src = q8_dispatch(fmt + kind, push["rows"], lanes), (nvec,), dict(q=x)
+            op = {"": G.GEMV_Q8, "routed": G.GEMV_Q8_ROUTED, "rowmap": G.GEMV_Q8_ROWMAP}[kind]
+            (variant, gx), spec, src = q8_dispatch(fmt, push["rows"], lanes, kind), (nvec,), dict(q=x)
         else:
-            op = {"": G.GEMV, "_routed": G.GEMV_ROUTED, "_rowmap": G.GEMV_ROWMAP}[kind]
+            op = {"": G.GEMV, "routed": G.GEMV_ROUTED, "rowmap": G.GEMV_ROWMAP}[kind]
             x = _padded_rows(x, exact.padded(w.cols))
-            (variant, gx), spec = gemv_dispatch(fmt + kind, push["rows"], lanes), gemv_spec(lanes, nvec, fmt)
+            (variant, gx), spec = gemv_dispatch(fmt, push["rows"], lanes, kind), gemv_spec(lanes, nvec, fmt)
             src = dict(x=x)
         data, scales = weight_buffers(w, W_OFF, S_OFF)
         push = P.Gemv(cols=w.cols, x_stride=x.shape[1], y_stride=y.shape[1], w_off=W_OFF, s_off=S_OFF,
@@ -171,7 +171,7 @@ class VulkanOps:
         pairs = len(idx) - idx_off
         push = dict(rows=per, nvec=pairs, w_expert=per * slots.row_bytes, s_expert=per * slots.scales_per_row,
                     x_div=x_div, idx_off=idx_off)
-        return self._gemv(slots, x, lanes, "_routed", y, pairs, 1, push, idx=np.asarray(idx, np.uint32),
+        return self._gemv(slots, x, lanes, "routed", y, pairs, 1, push, idx=np.asarray(idx, np.uint32),
                           slot_of=np.asarray(slot_of, np.uint32))
 
     def gemv_rowmap(self, part: QWeight, first_row: int, row_of, x, lanes: str, y):
@@ -179,7 +179,7 @@ class VulkanOps:
         first_row.. of the matrix) holds; the other output rows left alone."""
         n = len(x)
         push = dict(rows=len(row_of), nvec=n, first_row=first_row, part_rows=part.rows)
-        return self._gemv(part, x, lanes, "_rowmap", y, 1, n, push, row_of=np.asarray(row_of, np.uint32))
+        return self._gemv(part, x, lanes, "rowmap", y, 1, n, push, row_of=np.asarray(row_of, np.uint32))
 
     def quantize_q8(self, x, block: int):
         """quantize_q8.comp on rows of x: (q int8, d, 16-column sums), as

@@ -37,23 +37,33 @@ def gemv_layout(dev) -> str:
     return "serial" if "llvmpipe" in dev.name.lower() else "parallel"
 
 
-def gemv_dispatch(variant: str, rows: int, layout: str) -> tuple[str, int]:
-    """The gemv.comp variant name and workgroups along x for `rows` output rows."""
-    return (variant + ("_serial" if layout == "serial" else ""),
-            groups(rows, P.Gemv.ROWS_PER_GROUP[layout]))
+ADDRESSING = ("", "routed", "rowmap")    # rows in order; an expert's rows per pair; a listed set
 
 
-def q8_dispatch(variant: str, rows: int, layout: str) -> tuple[str, int]:
-    """gemv_q8.comp's variant name and workgroups along x, in gemv's lane layout."""
-    return (variant + ("_serial" if layout == "serial" else ""),
-            groups(rows, P.Gemv.Q8_ROWS_PER_GROUP[layout]))
+def gemv_variant(fmt: str, addressing: str, layout: str) -> str:
+    """The variant of gemv.comp / gemv_q8.comp (their `// variants:` lines)
+    for a weight format's variant name, how its rows are addressed and the
+    lane layout: format, then routed | rowmap, then serial."""
+    if addressing not in ADDRESSING or layout not in P.Gemv.ROWS_PER_GROUP:
+        raise ValueError(f"no gemv variant for addressing {addressing!r}, lanes {layout!r}")
+    return "_".join(p for p in (fmt, addressing, "serial" if layout == "serial" else "") if p)
+
+
+def gemv_dispatch(fmt: str, rows: int, layout: str, addressing: str = "") -> tuple[str, int]:
+    """The gemv.comp variant and workgroups along x for `rows` output rows."""
+    return gemv_variant(fmt, addressing, layout), groups(rows, P.Gemv.ROWS_PER_GROUP[layout])
+
+
+def q8_dispatch(fmt: str, rows: int, layout: str, addressing: str = "") -> tuple[str, int]:
+    """gemv_q8.comp's variant and workgroups along x, in gemv's lane layout."""
+    return gemv_variant(fmt, addressing, layout), groups(rows, P.Gemv.Q8_ROWS_PER_GROUP[layout])
 
 
 # gemv.comp's formats whose 32-column blocks w_block32 reads whole
 BLOCK32 = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
 
 
-def gemv_spec(layout: str, nvec: int, variant: str) -> tuple:
+def gemv_spec(layout: str, nvec: int, fmt: str) -> tuple:
     """gemv.comp's specialization constants (NVEC, INV_ROWS, workgroup width)
     for `nvec` input rows: the serial layout compiles one pipeline per count,
     so its loops unroll. More weight rows an invocation read each input vec4
@@ -63,7 +73,7 @@ def gemv_spec(layout: str, nvec: int, variant: str) -> tuple:
     same order as a block format's."""
     if layout != "serial":
         return ()
-    inv_rows = 4 if variant.split("_serial")[0] in BLOCK32 else (2 if nvec <= 4 else 1)
+    inv_rows = 4 if fmt in BLOCK32 else (2 if nvec <= 4 else 1)
     return (nvec, inv_rows, P.Gemv.ROWS_PER_GROUP["serial"] // inv_rows)
 
 
@@ -93,16 +103,17 @@ class Recorder:
         assert not (rowmap and acc)
         for part in w.parts:
             fmt = dict(row_bytes=part.row_bytes, s_stride=part.s_stride, w_off=part.w_off, s_off=part.s_off)
-            out, name = (m, part.variant + "_rowmap") if rowmap else (part.rows, part.variant)
+            out, addressing = (m, "rowmap") if rowmap else (part.rows, "")
             if part.acts == "q8":
                 fb = block_size(part.fmt)
                 if fb not in quantised:
                     quantised[fb] = self.quantize(x, rows, x_off, x_stride, w.cols, fb)
                 op, at, src = (G.GEMV_Q8_ROWMAP if rowmap else G.GEMV_Q8), quantised[fb], dict(q=self.s.q8)
-                (variant, gx), spec = q8_dispatch(name, out, self.lanes), (rows,)
+                (variant, gx), spec = q8_dispatch(part.variant, out, self.lanes, addressing), (rows,)
             else:
                 op, at, src = (G.GEMV_ROWMAP if rowmap else G.GEMV), dict(x_off=x_off, x_stride=x_stride), dict(x=x)
-                (variant, gx), spec = gemv_dispatch(name, out, self.lanes), gemv_spec(self.lanes, rows, part.variant)
+                (variant, gx) = gemv_dispatch(part.variant, out, self.lanes, addressing)
+                spec = gemv_spec(self.lanes, rows, part.variant)
             if rowmap:
                 push = P.Gemv(rows=m, y_off=y_off, first_row=part.first_row, part_rows=part.rows, **fmt, **common,
                               **at)
@@ -129,11 +140,11 @@ class Recorder:
                     x_div=x_div, idx_off=idx_off)
         if part.acts == "q8":
             at = self.quantize(x, -(-pairs // x_div), 0, x_stride, w.cols, block_size(part.fmt))
-            variant, gx = q8_dispatch(part.variant + "_routed", per_expert_rows, self.lanes)
+            variant, gx = q8_dispatch(part.variant, per_expert_rows, self.lanes, "routed")
             self.rec.op(G.GEMV_Q8_ROUTED, variant, (gx, pairs), P.Gemv(**push, **at), spec=(1,),
                         w=part.data, scales=part.scales, q=self.s.q8, y=y, idx=self.s.ridx, slot_of=smap)
             return
-        variant, gx = gemv_dispatch(part.variant + "_routed", per_expert_rows, self.lanes)
+        variant, gx = gemv_dispatch(part.variant, per_expert_rows, self.lanes, "routed")
         self.rec.op(G.GEMV_ROUTED, variant, (gx, pairs), P.Gemv(**push, x_stride=x_stride),
                     spec=gemv_spec(self.lanes, 1, part.variant),
                     w=part.data, scales=part.scales, x=x, y=y, idx=self.s.ridx, slot_of=smap)
