@@ -90,12 +90,14 @@ def test_greedy_ids_32(pair):
     assert generate(model, PROMPT[:5], 32).tokens == want, name
 
 
+@pytest.mark.parametrize("acts", ["f32", "q8"])
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
-def test_layer_calls_are_the_general_path_and_the_definition(name, tmp_path, monkeypatch):
-    """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, in int4 blocks:
-    layer_calls gives the general path's and the NumPy definition's bits."""
+def test_layer_calls_are_the_general_path_and_the_definition(name, acts, tmp_path, monkeypatch):
+    """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, in int4 blocks,
+    with either arithmetic: layer_calls gives the general path's and the
+    NumPy definition's bits."""
     build(name, tmp_path)
-    model = load_model(tmp_path, fmt="int4-g64", activations="f32")     # layer_calls is f32's fused path
+    model = load_model(tmp_path, fmt="int4-g64", activations=acts)
     calls, general, definition = layer_calls_three_ways(model, [PROMPT[:9], PROMPT[9:13]], monkeypatch)
     assert calls == general == definition
 

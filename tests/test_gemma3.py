@@ -89,11 +89,12 @@ def test_greedy_ids_32(tiny, cpu):
     assert generate(cpu, ids(5), 32).tokens == want
 
 
-def test_layer_calls_are_the_general_path_and_the_definition(tiny, monkeypatch):
+@pytest.mark.parametrize("acts", ["f32", "q8"])
+def test_layer_calls_are_the_general_path_and_the_definition(tiny, monkeypatch, acts):
     """Sandwich norms, q/k norms, GELU, sliding windows and two RoPE bases, in
-    int4 blocks: layer_calls gives the general path's and the NumPy
-    definition's bits past the window."""
-    model = load_model(tiny[1], ctx=256, fmt="int4-g64", activations="f32")   # layer_calls: f32's fused path
+    int4 blocks, with either arithmetic: layer_calls gives the general
+    path's and the NumPy definition's bits past the window."""
+    model = load_model(tiny[1], ctx=256, fmt="int4-g64", activations=acts)
     toks = ids(20, seed=3)
     calls, general, definition = layer_calls_three_ways(model, [toks[:12], toks[12:17], toks[17:]], monkeypatch)
     assert calls == general == definition

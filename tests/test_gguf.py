@@ -122,13 +122,15 @@ def test_logits_and_greedy_ids_match_transformers(gguf_path, cpu_model, oracle):
     assert generate(cpu_model, ids, 12).tokens == out
 
 
-def test_layer_calls_are_the_general_path_and_the_definition(gguf_path, cpu_model, monkeypatch):
-    """SmolLM2's layers take layer_calls (their compiled calls made once):
-    a 3-row block, then 2 rows on top, give the bits of model.layer's
-    general path and of the NumPy definition (VKSPEC_CPU_JIT=0): hidden
-    rows, logits and the KV cache."""
+@pytest.mark.parametrize("acts", ["f32", "q8"])
+def test_layer_calls_are_the_general_path_and_the_definition(gguf_path, cpu_model, monkeypatch, acts):
+    """SmolLM2's layers take layer_calls (their compiled calls made once),
+    with either arithmetic: a 3-row block, then 2 rows on top, give the bits
+    of model.layer's general path and of the NumPy definition
+    (VKSPEC_CPU_JIT=0): hidden rows, logits and the KV cache."""
+    model = cpu_model if acts == "f32" else load_model(gguf_path, activations="q8")
     ids = load_tokenizer(gguf_path).encode(TEXTS[0])[:5]
-    calls, general, definition = layer_calls_three_ways(cpu_model, [ids[:3], ids[3:]], monkeypatch)
+    calls, general, definition = layer_calls_three_ways(model, [ids[:3], ids[3:]], monkeypatch)
     assert calls == general == definition
 
 

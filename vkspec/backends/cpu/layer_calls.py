@@ -4,7 +4,9 @@ CPU's counterpart of the device's recorded sequence.
 A layer qualifies when its mixer is attention without an output gate, its
 FFN one MLP, and every matrix is in blocks: SmolLM2 and Llama, Qwen2 and
 Qwen3 (biases, q/k norms), Gemma 3 (sandwich norms). A step is then four
-calls of jit_blocks._gemv and one of jit_attend._attend, with exactly the
+GEMV calls (jit_blocks._gemv with f32 activations; with q8 ones, qdot's
+calls after the same jit_math norm and activation calls as ops' q8 path)
+and one of jit_attend._attend, with exactly the
 arguments model.CpuModel.layer's general path builds through ops (gemvs
 with the input norm, rope_attend, gemv, gemvs with the post norm,
 act_gemv), between them the same NumPy adds for biases and residuals and
@@ -25,7 +27,7 @@ import numpy as np
 
 from ...formats.matrix import QWeight
 from ...weights import AttnW, LayerW, MlpW
-from . import jit, jit_attend, jit_blocks, jit_math
+from . import jit, jit_attend, jit_blocks, jit_math, qdot
 
 F = np.float32
 _NONE1, _NONE2 = jit_blocks._NONE1, jit_blocks._NONE2
@@ -38,9 +40,30 @@ def qualifies(lw: LayerW) -> bool:
     if a.gated:
         return False
     mats = (a.q, a.k, a.v, a.o, f.gate, f.up, f.down)
+    if all(isinstance(w, QWeight) and w.acts == "q8" for w in mats):
+        return True
     if not all(isinstance(w, QWeight) and w.fmt != "f32" and w.acts == "f32" for w in mats):
         return False
     return all(jit_blocks._own(w, *jit_blocks.kernel_args(w)[:2]) for w in mats)   # kept: no copies
+
+
+class Q8Gemvs:
+    """The q8 GEMVs of a layer: ops.gemvs' q8 path (the input normed once,
+    then qdot's call over the matrices it feeds), its calls made once."""
+
+    def __init__(self, a: AttnW, f: MlpW, lw: LayerW):
+        self.qkv, self.o = qdot._call([a.q, a.k, a.v]), qdot._call([a.o])
+        self.gu, self.down = qdot._call([f.gate, f.up]), qdot._call([f.down])
+        H = lw.in_norm.shape[0]
+        self.in_norm, self.post_norm = jit_math._weight(lw.in_norm, H), jit_math._weight(lw.post_norm, H)
+
+    def attention_in(self, x, eps):
+        return self.qkv(jit_math.rmsnorm(x, self.in_norm, eps))
+
+    def mlp(self, x, eps, act):
+        g, u = self.gu(jit_math.rmsnorm(x, self.post_norm, eps))
+        a = jit_math.gelu_tanh(g, times=u) if act == "gelu_tanh" else jit_math.silu(g, times=u)
+        return self.down(a)[0]
 
 
 class LayerCalls:
@@ -49,13 +72,16 @@ class LayerCalls:
     def __init__(self, lw: LayerW, cfg):
         a, f, H = lw.mixer, lw.ffn, lw.in_norm.shape[0]
         self.eps = F(cfg.rms_norm_eps)
-        self.in_norm = jit_math._weight(lw.in_norm, H)
-        self.post_norm = jit_math._weight(lw.post_norm, H)
-        self.qkv, self.qkv_rows = jit_blocks._call_args([a.q, a.k, a.v], True)
-        self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
-        self.gu, self.gu_rows = jit_blocks._call_args([f.gate, f.up], True)
-        self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
-        self.act = jit_math.ELEMENTWISE_OPS["gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"]
+        self.q8 = Q8Gemvs(a, f, lw) if a.q.acts == "q8" else None
+        if self.q8 is None:
+            self.in_norm = jit_math._weight(lw.in_norm, H)
+            self.post_norm = jit_math._weight(lw.post_norm, H)
+            self.qkv, self.qkv_rows = jit_blocks._call_args([a.q, a.k, a.v], True)
+            self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
+            self.gu, self.gu_rows = jit_blocks._call_args([f.gate, f.up], True)
+            self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
+        self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
+        self.act = jit_math.ELEMENTWISE_OPS[self.act_name]
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.scale, self.window = F(cfg.scores_scale), int(a.window)
         self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
@@ -69,8 +95,11 @@ class LayerCalls:
     def __call__(self, x, pos, kc, vc, cos, sin):
         n = x.shape[0]
         x = np.ascontiguousarray(x, dtype=F)
-        qkv = [np.empty((n, r), F) for r in self.qkv_rows]
-        jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, *qkv)
+        if self.q8 is not None:
+            qkv = self.q8.attention_in(x, self.eps)
+        else:
+            qkv = [np.empty((n, r), F) for r in self.qkv_rows]
+            jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
         if self.q_norm is not None:                 # per head: rows of hd
             q = jit_math.rmsnorm(q.reshape(n, self.nh, self.hd), self.q_norm, self.eps)
@@ -82,16 +111,25 @@ class LayerCalls:
         jit_attend._attend(q.reshape(n * self.nh, self.hd), self.nh, kc, vc, pos + 1, self.window, self.scale, att,
                            k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd),
                            np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
-        o = np.empty((n, self.o_rows), F)
-        jit_blocks._gemv(*self.o, att.reshape(n, self.nh * self.hd), _NONE1, F(0), _NONE2, 0, o, o, o)
+        att = att.reshape(n, self.nh * self.hd)
+        if self.q8 is not None:
+            o = self.q8.o(att)[0]
+        else:
+            o = np.empty((n, self.o_rows), F)
+            jit_blocks._gemv(*self.o, att, _NONE1, F(0), _NONE2, 0, o, o, o)
         if self.biases[3] is not None:
             o = o + self.biases[3]
         x = self._residual(x, o, self.out_norms[0])
+        return self._residual(x, self._mlp(x, n), self.out_norms[1])
+
+    def _mlp(self, x, n):
+        if self.q8 is not None:
+            return self.q8.mlp(x, self.eps, self.act_name)
         g, u = (np.empty((n, r), F) for r in self.gu_rows)
         jit_blocks._gemv(*self.gu, x, self.post_norm, self.eps, _NONE2, 0, g, u, g)
         d = np.empty((n, self.down_rows), F)
         jit_blocks._gemv(*self.down, g, _NONE1, F(0), u, self.act, d, d, d)
-        return self._residual(x, d, self.out_norms[1])
+        return d
 
 
 def layer_calls(lw: LayerW, cfg) -> LayerCalls | None:
