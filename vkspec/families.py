@@ -23,11 +23,16 @@ qwen3_5, qwen3_5_moe) and llama.cpp's converter (conversion/qwen.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from . import family_gemma3, family_qwen35
 from .errors import VkspecError
 from .gguf_keys import attention_shape, needer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class Family:
     partial_rotary_factor: float = 1.0
     # (config dict, source) -> (the dict config.from_dict reads, ModelConfig
     # fields it sets): a family whose features are per-layer fields (Gemma 3)
-    translate: object = None
+    translate: Callable[[dict, str], tuple[dict, dict]] | None = None
 
 
 _NEXT = Family(hybrid=True, norm_plus_one=True, qk_norm=True, attn_gate=True, partial_rotary_factor=0.25)
@@ -154,8 +159,8 @@ class GgufArch:
     permute_qk: bool = False          # llama.cpp's interleaved-RoPE q/k rows (llama only)
     hybrid: bool = False              # ssm.* keys, nextn MTP blocks counted in block_count
     stored_plus_one: bool = False     # norms written as 1 + w (then norm_plus_one is off)
-    config: object = None             # (meta, tensors, path) -> config dict, for a family of its own
-    tokenizer: object = None          # (meta, path) -> a SentencePiece vocabulary as a tokenizers BPE
+    config: Callable[..., dict] | None = None   # (meta, tensors, path) -> config dict, for a family of its own
+    tokenizer: Callable[..., Tokenizer] | None = None   # (meta, path) -> a SentencePiece vocabulary as a BPE
     untile: bool = False              # value heads tiled, unknown keys and tensors refused (family_qwen35)
 
 

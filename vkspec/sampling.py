@@ -14,12 +14,27 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from . import exact
 
 f32 = np.float32
+
+
+class Constraint(Protocol):
+    """A grammar that a sampler's picks must follow (serve/constraint.py)."""
+    finished: bool
+
+    def allowed(self) -> np.ndarray:
+        """The token ids the grammar accepts next."""
+
+    def consume(self, tok: int) -> None:
+        ...
+
+    def rollback(self, k: int) -> None:
+        """Forget the last k tokens consumed."""
 
 
 @dataclass
@@ -36,8 +51,7 @@ class Sampler:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
     prompt: tuple[int, ...] = ()
-    # a grammar (constraint.py): allowed(), consume(tok), rollback(k)
-    constraint: object = None
+    constraint: Constraint | None = None
     rng: np.random.Generator = field(init=False, repr=False)
     draws: int = field(default=0, init=False)
     out: list[int] = field(default_factory=list, init=False, repr=False)

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..interface import HostState
+
 
 @dataclass
 class Saved:
     fed: tuple
-    snap: object
+    snap: HostState                 # the model's state (Model.snapshot)
     sources: list
     nbytes: int = 0
 

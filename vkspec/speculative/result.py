@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .counters import Counters
+
 
 @dataclass
 class Result:
@@ -17,7 +19,7 @@ class Result:
     decode_s: float = 0.0
     drafted: int = 0
     accepted: int = 0
-    counters: object = None            # vkspec.speculative.counters.Counters
+    counters: Counters | None = None
 
     @property
     def digest(self) -> str:

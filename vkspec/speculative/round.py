@@ -11,11 +11,17 @@ fed) and emits the accepted drafts and exactly one more pick.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import DeviceError
+from ..interface import Model, State
+from ..sampling import Sampler
 from .counters import Counters
-from .source import Proposal
+from .gate import Gate
+from .source import DraftSource, Proposal
 
 
 class Cancelled(Exception):
@@ -38,8 +44,8 @@ class Commit:
     """What undo() brings back: the host's half of a committed state."""
     out: int
     history: int
-    sampler: object
-    sources: list
+    sampler: tuple                   # Sampler.state()
+    sources: list                    # each source's checkpoint()
     cap: int
     ended: bool
     counters: Counters
@@ -48,17 +54,17 @@ class Commit:
 @dataclass
 class Run:
     """The state of one run between rounds."""
-    model: object
-    st: object                       # the model's state (rows fed so far)
-    sampler: object
-    sources: tuple
-    gate: object
+    model: Model
+    st: State                        # the model's state (rows fed so far)
+    sampler: Sampler
+    sources: tuple[DraftSource, ...]
+    gate: Gate | None
     n: int                           # tokens to emit at most
     history: list[int]               # every row that stood: the prompt, then the picks fed
     snapshots: int = 7               # copy slots: drafts past them are undone by replay
-    stop: set | None = None
-    cancel: object = None            # cancel(tokens_so_far) -> True cancels mid-round
-    on_token: object = None          # on_token(tok, logits_row) -> True ends the run after tok
+    stop: set[int] | None = None
+    cancel: Callable[[int], bool] | None = None                 # cancel(tokens so far): True cancels mid-round
+    on_token: Callable[[int, np.ndarray], bool] | None = None   # True ends the run after that token
     out: list[int] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
     cap: int = 0                     # drafts a round may carry at most

@@ -10,11 +10,17 @@ against the SPIR-V when the shaders are built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ...shaders import push as P
 from .device import load_shader
+
+if TYPE_CHECKING:
+    import kp
+    import numpy as np
 
 
 class Pass(StrEnum):
@@ -61,8 +67,8 @@ OPS = (GEMV, GEMV_ROUTED, GEMV_ROWMAP, GEMV_Q8, GEMV_Q8_ROUTED, GEMV_Q8_ROWMAP, 
 
 @dataclass(frozen=True)
 class Dispatch:
-    algo: object                 # kp.Algorithm
-    push: object                 # the packed push constants
+    algo: kp.Algorithm
+    push: np.ndarray             # the packed push constants
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class SyncDevice:
 @dataclass(frozen=True)
 class Host:
     """The sequence ends; the host runs fn; the next one begins."""
-    fn: object
+    fn: Callable[[], None]
 
 
 def groups(n: int, local: int = 64) -> int:

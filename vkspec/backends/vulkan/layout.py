@@ -204,19 +204,19 @@ HOST_VISIBLE = ("x", "mx", "mtp_in", "h", "ed", "ridx")
 class Buffers:
     embed: DevWeight
     head: DevWeight
-    cos: object
-    sin: object
-    norm: object
+    cos: kp.Tensor
+    sin: kp.Tensor
+    norm: Span
     layers: list[Layer]
     scratch: Scratch
-    step: object                     # the Step block (shaders/step.glsl) of a trunk pass
-    mtp_step: object                 # ... of a head pass
-    mtp_last: object                 # ... of a head pass's last row alone
+    step: kp.Tensor                  # the Step block (shaders/step.glsl) of a trunk pass
+    mtp_step: kp.Tensor              # ... of a head pass
+    mtp_last: kp.Tensor              # ... of a head pass's last row alone
     fc: DevWeight | None = None      # the MTP head
-    norm_emb: object = None
-    norm_hidden: object = None
-    mtp_norm: object = None
-    ids: object = None               # the head's draft vocabulary
+    norm_emb: Span | None = None
+    norm_hidden: Span | None = None
+    mtp_norm: Span | None = None
+    ids: kp.Tensor | None = None     # the head's draft vocabulary
     outputs: dict = field(default_factory=dict)   # (pass, rows) -> (logits, picks)
 
 
