@@ -202,3 +202,30 @@ def test_each_matrix_its_own_input_in_one_call():
     xs2 = [x[:1], x, x, other, x.copy()]            # x[:1]: x's address, not its rows
     for w, xi, y in zip(ws2, xs2, qdot.gemvs_each(ws2, xs2)):
         bits_equal(y, definition(w, xi))
+
+
+def test_one_rows_experts_are_the_general_paths_and_the_definitions(monkeypatch):
+    """ops.expert_mlps of one row (a decode step: its k experts' gates and
+    ups in one call, their activations in one, their downs in one) gives the
+    bits of the same experts routed among more rows and of the NumPy
+    definition; experts in any order, of both block sizes (a swap of two
+    experts' outputs fails it)."""
+    import dataclasses
+
+    from vkspec.backends.cpu import jit, ops
+    from vkspec.weights import MlpW, MoeW
+    rng = np.random.default_rng(5)
+
+    def q8(w):
+        return dataclasses.replace(w, acts="q8")
+    experts = [MlpW(q8(random_weight("q4_k", 256, 512, rng)), q8(random_weight("q4_0", 256, 512, rng)),
+                    q8(random_weight("q6_k" if e % 2 else "q8_0", 512, 256, rng)))
+               for e in range(6)]
+    w = MoeW(router=None, experts=experts, shared=None, shared_gate=None)
+    h = (rng.standard_normal((3, 512)) * 2).astype(np.float32)
+    idx = np.array([[4, 1, 5, 0], [2, 4, 0, 3], [1, 5, 2, 4]])
+    one = ops.expert_mlps(w, h[1:2], idx[1:2])
+    among = ops.expert_mlps(w, h, idx)[1:2]                   # the general path: rows grouped by expert
+    monkeypatch.setattr(jit, "ENABLED", False)
+    bits_equal(one, among)
+    bits_equal(one, ops.expert_mlps(w, h[1:2], idx[1:2]))
