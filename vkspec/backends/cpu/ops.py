@@ -146,9 +146,10 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     """(n, k, H): row i's k routed experts, down(silu(gate h_i) * up h_i) each,
     every (row, expert) pair as if it ran alone: an expert runs over all the
     rows routed to it at once."""
-    if idx.shape[0] == 1 and jit.enabled() and all(
-            m.gate.acts == m.up.acts == m.down.acts == "q8" for m in (w.experts[int(e)] for e in idx[0])):
-        return _one_row_experts(w, h, idx[0])
+    if idx.shape[0] == 1 and jit.enabled():
+        ms = [w.experts[int(e)] for e in idx[0]]
+        if all(m.gate.acts == m.up.acts == m.down.acts == "q8" for m in ms):
+            return _one_row_experts(ms, h)
     out = np.empty(idx.shape + (h.shape[-1],), f32)
     routed = {}                 # the experts of each set of rows (a decode step: all k of its row)
     for e in np.unique(idx):
@@ -184,14 +185,13 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     return out
 
 
-def _one_row_experts(w, h, experts) -> np.ndarray:
+def _one_row_experts(ms, h) -> np.ndarray:
     """expert_mlps of one row (a decode step) whose experts take q8: their
     gates and ups in one call, every activation in one, their downs in one.
     Each output is what the general path computes for it: the same
     quantisation of the row, the same kernels, an activation element by
     element; only the grouping by rows, which one row does not need, is left
-    out."""
-    ms = [w.experts[int(e)] for e in experts]
+    out. ms: the row's experts (MlpW), in routing order."""
     gu = qdot.gemvs_each([q for m in ms for q in (m.gate, m.up)], [h] * (2 * len(ms)))
     a = jit_math.silu(np.concatenate(gu[0::2]), times=np.concatenate(gu[1::2]))         # (k, I)
     ys = qdot.gemvs_each([m.down for m in ms], [a[j:j + 1] for j in range(len(ms))])
