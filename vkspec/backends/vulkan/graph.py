@@ -35,6 +35,12 @@ class Op:
     bindings: tuple[str, ...]
     push: type
 
+    def bound(self, buffers: dict) -> list:
+        """The buffers named by binding, in binding order (a missing or unknown one: TypeError)."""
+        if set(buffers) != set(self.bindings):
+            raise TypeError(f"{self.stem}: bindings {sorted(buffers)} != {list(self.bindings)}")
+        return [buffers[b] for b in self.bindings]
+
 
 STEP = "step"
 GEMV = Op("gemv", ("w", "scales", "x", "y"), P.Gemv)
@@ -89,6 +95,11 @@ class Host:
     fn: Callable[[], None]
 
 
+def grid3(grid) -> tuple[int, int, int]:
+    """A dispatch's workgroups along x, y, z from an int or a shorter tuple."""
+    return (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+
+
 def groups(n: int, local: int = 64) -> int:
     """Workgroups of `local` invocations that cover n."""
     return max(1, -(-n // local))
@@ -103,11 +114,9 @@ class Recording:
         self.items: list[Dispatch | SyncLocal | SyncDevice | Host] = []
 
     def op(self, op: Op, variant: str | None, grid, push, /, spec=(), **buffers):
-        if set(buffers) != set(op.bindings):
-            raise TypeError(f"{op.stem}: bindings {sorted(buffers)} != {list(op.bindings)}")
-        tensors = [buffers[b] for b in op.bindings]
+        tensors = op.bound(buffers)
         shader = load_shader(op.stem, variant)
-        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
+        g = grid3(grid)
         key = (shader.name, tuple(id(t) for t in tensors), g, tuple(spec))
         algo = self.algos.get(key)
         if algo is None:

@@ -18,7 +18,7 @@ from ...shaders import push as P
 from . import graph as G
 from .device import get_device, load_shader, on_device
 from .buffers import q8_words
-from .graph import Op, groups
+from .graph import Op, grid3, groups
 from .memory import Uploader
 from .recorder import gemv_dispatch, gemv_layout, gemv_spec, q8_dispatch
 from .step import step_block
@@ -73,12 +73,9 @@ class VulkanOps:
         """One dispatch of ``op`` (graph.Op), its buffers by binding name as
         arrays (uploaded) or tensors (step()); returns the arrays named in
         ``read`` as they are after it, in their shapes and dtypes."""
-        if set(buffers) != set(op.bindings):
-            raise TypeError(f"{op.stem}: bindings {sorted(buffers)} != {list(op.bindings)}")
         dev = self.dev
         ts = {n: dev.tensor(b) if isinstance(b, np.ndarray) else b for n, b in buffers.items()}
-        g = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
-        algo = dev.algorithm(load_shader(op.stem, variant), [ts[b] for b in op.bindings], g, push, spec)
+        algo = dev.algorithm(load_shader(op.stem, variant), op.bound(ts), grid3(grid), push, spec)
         seq = dev.sequence()
         seq.record(dev.kp.OpTensorSyncDevice(list(ts.values())))
         seq.record(dev.kp.OpAlgoDispatch(algo))
