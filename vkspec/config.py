@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import families
+from .layer_graph import SEQUENTIAL, LayerGraph
 from .errors import VkspecError
 
 SUPPORTED = tuple(families.FAMILIES)
@@ -54,7 +55,7 @@ class ModelConfig:
     attn_gate: bool = False         # q_proj yields [q | gate] per head; output * sigmoid(gate)
     qkv_bias: bool = False          # q, k, v projections have biases
     o_bias: bool = False            # o_proj has a bias
-    sandwich_norms: bool = False    # a norm on each sublayer's output before the residual add (Gemma 3)
+    layer_graph: LayerGraph = SEQUENTIAL   # the decoder layer's steps (vkspec.layer_graph; the family's)
     hidden_act: str = "silu"        # the dense MLP's: "silu" | "gelu_tanh"
     embedding_scale: float = 1.0    # the input embedding's rows times this float32 (not the lm_head)
     attn_scale: float | None = None # scores times f32(this); None: head_dim ** -0.5
@@ -75,6 +76,11 @@ class ModelConfig:
 
     def rope_theta_of(self, i: int) -> float:
         return self.layer_rope_theta[i] if i < len(self.layer_rope_theta) else self.rope_theta
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """A norm on a sublayer's output before its residual add (Gemma 3)."""
+        return self.layer_graph.out_norms
 
     @property
     def scores_scale(self) -> float:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from . import family_gemma3, family_qwen35
 from .errors import VkspecError
 from .gguf_keys import attention_shape, needer
+from .layer_graph import SANDWICH, SEQUENTIAL, LayerGraph
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -45,6 +46,7 @@ class Family:
     moe: str = "config"               # "config" | "none" | "all"
     norm_topk_default: bool = True    # when the config does not say
     partial_rotary_factor: float = 1.0
+    layer: LayerGraph = SEQUENTIAL    # the decoder layer's steps and norms (vkspec.layer_graph)
     # (config dict, source) -> (the dict config.from_dict reads, ModelConfig
     # fields it sets): a family whose features are per-layer fields (Gemma 3)
     translate: Callable[[dict, str], tuple[dict, dict]] | None = None
@@ -60,7 +62,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5": replace(_NEXT, moe="none"), "qwen3_5_text": replace(_NEXT, moe="none"),
     "qwen3_5_moe": replace(_NEXT, moe="all"), "qwen3_5_moe_text": replace(_NEXT, moe="all"),
     # the rest of Gemma 3 (sandwich norms, windows, GELU) is family_gemma3.translate's
-    **{mt: Family(norm_plus_one=True, qk_norm=True, translate=family_gemma3.translate)
+    **{mt: Family(norm_plus_one=True, qk_norm=True, layer=SANDWICH, translate=family_gemma3.translate)
        for mt in family_gemma3.MODEL_TYPES},
 }
 
@@ -109,7 +111,8 @@ def flags(d: dict, fam: Family) -> dict:
     override them under the key "vkspec" (what its tensors say)."""
     ab = bool(d.get("attention_bias", False))
     out = dict(norm_plus_one=fam.norm_plus_one, qk_norm=fam.qk_norm, attn_gate=fam.attn_gate,
-               qkv_bias=True if fam.bias == "qkv" else ab, o_bias=False if fam.bias == "qkv" else ab)
+               qkv_bias=True if fam.bias == "qkv" else ab, o_bias=False if fam.bias == "qkv" else ab,
+               layer_graph=fam.layer)
     experts = int(d.get("num_experts", d.get("num_local_experts", 0)) or 0)
     if fam.moe == "none":
         out.update(num_experts=0, num_experts_per_tok=0, mlp_only_layers=[])

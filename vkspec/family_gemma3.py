@@ -8,9 +8,9 @@ gemma3.cpp):
 * every RMSNorm is (1 + w) in a Hugging Face checkpoint; llama.cpp writes the
   norms with the 1 already added, so a GGUF runs them as plain multipliers
   (never add it twice);
-* four norms per layer (sandwich_norms): post_attention and post_feedforward
-  norm a sublayer's output *before* the residual add; pre_feedforward is the
-  norm before the MLP (vkspec's LayerW.post_norm);
+* four norms per layer (layer_graph.SANDWICH, the family's layer): post_attention
+  and post_feedforward norm a sublayer's output *before* the residual add;
+  pre_feedforward is the norm before the MLP;
 * per-head q/k norms before RoPE; scores scaled by query_pre_attn_scalar**-0.5;
 * the input embedding times f32(sqrt(hidden)) (the tied lm_head is unscaled);
 * sliding-window layers (a key at distance d attended iff 0 <= d < window)
@@ -126,7 +126,7 @@ def _translate(d: dict, src: str) -> tuple[dict, dict]:
     out.update(layer_types=["full_attention"] * layers, rope_theta=full, head_dim=head_dim,
                tie_word_embeddings=d.get("tie_word_embeddings", True))
     fields = dict(
-        norm_plus_one=not d.get("_norms_stored_plus_one", False), qk_norm=True, sandwich_norms=True,
+        norm_plus_one=not d.get("_norms_stored_plus_one", False), qk_norm=True,
         hidden_act="gelu_tanh", embedding_scale=float(np.float32(hidden ** 0.5)),
         attn_scale=scalar ** -0.5, sliding_window=window,
         layer_windows=[window if s else 0 for s in sliding],

@@ -129,14 +129,13 @@ class Loader:
         c = self.cfg
         mixer = self.delta(f"{p}.linear_attn") if kind == "linear_attention" else self.attn(f"{p}.self_attn", i)
         ffn = self.moe(f"{p}.mlp") if c.is_moe_layer(i) else self.mlp(f"{p}.mlp", c.intermediate_size)
-        h = c.hidden_size
-        if c.sandwich_norms:      # Gemma 3: pre_feedforward is the norm before the MLP
-            return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", h),
-                          self.norm(f"{p}.pre_feedforward_layernorm.weight", h), mixer, ffn,
-                          mixer_out_norm=self.norm(f"{p}.post_attention_layernorm.weight", h),
-                          ffn_out_norm=self.norm(f"{p}.post_feedforward_layernorm.weight", h))
-        return LayerW(kind, self.norm(f"{p}.input_layernorm.weight", h),
-                      self.norm(f"{p}.post_attention_layernorm.weight", h), mixer, ffn)
+        return self.layer_w(p, kind, mixer, ffn)
+
+    def layer_w(self, p, kind, mixer, ffn) -> LayerW:
+        """A layer's weights, with the norms its family's graph names."""
+        g = self.cfg.layer_graph
+        return LayerW(kind, g, {n: self.norm(f"{p}.{n}.weight", self.cfg.hidden_size) for n in g.norm_names},
+                      mixer, ffn)
 
     def load(self, mtp: bool) -> Weights:
         c = self.cfg
@@ -151,10 +150,9 @@ class Loader:
         w = Weights(embed=embed, layers=layers, norm=self.norm("model.norm.weight", h), lm_head=head)
         if mtp:
             moe_mtp = c.num_experts > 0
-            lw = LayerW("full_attention", self.norm("mtp.layers.0.input_layernorm.weight", h),
-                        self.norm("mtp.layers.0.post_attention_layernorm.weight", h),
-                        self.attn("mtp.layers.0.self_attn"),
-                        self.moe("mtp.layers.0.mlp") if moe_mtp else self.mlp("mtp.layers.0.mlp", c.intermediate_size))
+            lw = self.layer_w("mtp.layers.0", "full_attention", self.attn("mtp.layers.0.self_attn"),
+                              self.moe("mtp.layers.0.mlp") if moe_mtp else self.mlp("mtp.layers.0.mlp",
+                                                                                    c.intermediate_size))
             w.mtp = MtpW(fc=self.lin("mtp.fc.weight", h, 2 * h),
                          norm_emb=self.norm("mtp.pre_fc_norm_embedding.weight", h),
                          norm_hidden=self.norm("mtp.pre_fc_norm_hidden.weight", h),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, is_dataclass
 import numpy as np
 
 from .formats.matrix import QWeight
+from .layer_graph import LayerGraph
 
 
 @dataclass
@@ -65,14 +66,15 @@ class MoeW:
 @dataclass
 class LayerW:
     kind: str                 # "linear_attention" | "full_attention"
-    in_norm: np.ndarray
-    post_norm: np.ndarray
+    graph: LayerGraph         # the steps in order (vkspec.layer_graph): which norms, where
+    norms: dict[str, np.ndarray]   # the graph's norms by name ("input_layernorm": weights)
     mixer: AttnW | DeltaW
     ffn: MlpW | MoeW
-    # sandwich norms (Gemma 3): the mixer's and the FFN's outputs normed before
-    # their residual adds (post_norm is then the pre-FFN norm)
-    mixer_out_norm: np.ndarray | None = None
-    ffn_out_norm: np.ndarray | None = None
+
+    @property
+    def in_norm(self) -> np.ndarray:
+        """The norm of the mixer's input."""
+        return self.norms[self.graph.first_norm]
 
 
 @dataclass

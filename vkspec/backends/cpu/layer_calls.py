@@ -1,5 +1,7 @@
 """An attention layer's compiled calls, their arguments made once: the
-CPU's counterpart of the device's recorded sequence.
+CPU's counterpart of the device's recorded sequence. CpuModel.layer walks
+the layer's graph (vkspec.layer_graph) and calls these for its sublayers
+and adds.
 
 A layer qualifies when its mixer is attention without an output gate, its
 FFN one MLP, and every matrix is in blocks: SmolLM2 and Llama, Qwen2 and
@@ -51,31 +53,28 @@ class Q8Gemvs:
     """The q8 GEMVs of a layer: ops.gemvs' q8 path (the input normed once,
     then qdot's call over the matrices it feeds), its calls made once."""
 
-    def __init__(self, a: AttnW, f: MlpW, lw: LayerW):
+    def __init__(self, a: AttnW, f: MlpW):
         self.qkv, self.o = qdot._call([a.q, a.k, a.v]), qdot._call([a.o])
         self.gu, self.down = qdot._call([f.gate, f.up]), qdot._call([f.down])
-        H = lw.in_norm.shape[0]
-        self.in_norm, self.post_norm = jit_math._weight(lw.in_norm, H), jit_math._weight(lw.post_norm, H)
 
-    def attention_in(self, x, eps):
-        return self.qkv(jit_math.rmsnorm(x, self.in_norm, eps))
+    def attention_in(self, x, norm, eps):
+        return self.qkv(jit_math.rmsnorm(x, norm, eps))
 
-    def mlp(self, x, eps, act):
-        g, u = self.gu(jit_math.rmsnorm(x, self.post_norm, eps))
+    def mlp(self, x, norm, eps, act):
+        g, u = self.gu(jit_math.rmsnorm(x, norm, eps))
         a = jit_math.gelu_tanh(g, times=u) if act == "gelu_tanh" else jit_math.silu(g, times=u)
         return self.down(a)[0]
 
 
 class LayerCalls:
-    """x -> the layer's output rows, for a layer that qualifies()."""
+    """An attention layer's sublayers and adds for CpuModel.layer's steps,
+    for a layer that qualifies(): h comes as (x, norm name)."""
 
     def __init__(self, lw: LayerW, cfg):
         a, f, H = lw.mixer, lw.ffn, lw.in_norm.shape[0]
         self.eps = F(cfg.rms_norm_eps)
-        self.q8 = Q8Gemvs(a, f, lw) if a.q.acts == "q8" else None
+        self.q8 = Q8Gemvs(a, f) if a.q.acts == "q8" else None
         if self.q8 is None:
-            self.in_norm = jit_math._weight(lw.in_norm, H)
-            self.post_norm = jit_math._weight(lw.post_norm, H)
             self.qkv, self.qkv_rows = jit_blocks._call_args([a.q, a.k, a.v], True)
             self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
             self.gu, self.gu_rows = jit_blocks._call_args([f.gate, f.up], True)
@@ -86,20 +85,20 @@ class LayerCalls:
         self.scale, self.window = F(cfg.scores_scale), int(a.window)
         self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
         self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd) for w in (a.q_norm, a.k_norm))
-        self.out_norms = [None if w is None else jit_math._weight(w, H) for w in (lw.mixer_out_norm, lw.ffn_out_norm)]
+        self.norms = {name: jit_math._weight(w, H) for name, w in lw.norms.items()}
 
-    def _residual(self, x, y, norm):
+    def add(self, lw, x, y, norm):
         """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
-        return x + (y if norm is None else jit_math.rmsnorm(y, norm, self.eps))
+        return x + (y if norm is None else jit_math.rmsnorm(y, self.norms[norm], self.eps))
 
-    def __call__(self, x, pos, kc, vc, cos, sin):
+    def mixer(self, lw, h, pos, rope, kc, vc, *_):
+        x, norm = np.ascontiguousarray(h[0], dtype=F), self.norms[h[1]]
         n = x.shape[0]
-        x = np.ascontiguousarray(x, dtype=F)
         if self.q8 is not None:
-            qkv = self.q8.attention_in(x, self.eps)
+            qkv = self.q8.attention_in(x, norm, self.eps)
         else:
             qkv = [np.empty((n, r), F) for r in self.qkv_rows]
-            jit_blocks._gemv(*self.qkv, x, self.in_norm, self.eps, _NONE2, 0, *qkv)
+            jit_blocks._gemv(*self.qkv, x, norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
         if self.q_norm is not None:                 # per head: rows of hd
             q = jit_math.rmsnorm(q.reshape(n, self.nh, self.hd), self.q_norm, self.eps)
@@ -108,6 +107,7 @@ class LayerCalls:
         att = np.empty((n, self.nh, self.hd), F)
         assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
         pos = np.ascontiguousarray(pos, dtype=np.int64)
+        cos, sin = rope
         jit_attend._attend(q.reshape(n * self.nh, self.hd), self.nh, kc, vc, pos + 1, self.window, self.scale, att,
                            k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd),
                            np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
@@ -117,16 +117,15 @@ class LayerCalls:
         else:
             o = np.empty((n, self.o_rows), F)
             jit_blocks._gemv(*self.o, att, _NONE1, F(0), _NONE2, 0, o, o, o)
-        if self.biases[3] is not None:
-            o = o + self.biases[3]
-        x = self._residual(x, o, self.out_norms[0])
-        return self._residual(x, self._mlp(x, n), self.out_norms[1])
+        return o if self.biases[3] is None else o + self.biases[3]
 
-    def _mlp(self, x, n):
+    def ffn(self, lw, h):
+        x, norm = h[0], self.norms[h[1]]
+        n = x.shape[0]
         if self.q8 is not None:
-            return self.q8.mlp(x, self.eps, self.act_name)
+            return self.q8.mlp(x, norm, self.eps, self.act_name)
         g, u = (np.empty((n, r), F) for r in self.gu_rows)
-        jit_blocks._gemv(*self.gu, x, self.post_norm, self.eps, _NONE2, 0, g, u, g)
+        jit_blocks._gemv(*self.gu, x, norm, self.eps, _NONE2, 0, g, u, g)
         d = np.empty((n, self.down_rows), F)
         jit_blocks._gemv(*self.down, g, _NONE1, F(0), u, self.act, d, d, d)
         return d

@@ -17,7 +17,7 @@ bits it would get fed alone.
   beta = sigmoid(b); q and k are L2-normalised (eps 1e-6), q scaled by dk^-0.5.
 * Gemma 3 (vkspec.family_gemma3): the input embedding times
   cfg.embedding_scale; each layer's mixer and MLP outputs normed before their
-  residual adds (LayerW.mixer_out_norm, ffn_out_norm); a layer's own window
+  residual adds (layer_graph.SANDWICH); a layer's own window
   and RoPE base (AttnW.window, rope_theta); GELU-tanh in the MLP.
 """
 
@@ -28,6 +28,7 @@ import numpy as np
 from ...config import ModelConfig
 from ...errors import VkspecError
 from ...interface import HostState
+from ...layer_graph import Norm, Sub
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
 from . import ops
@@ -125,22 +126,52 @@ class CpuModel:
         return x, logits
 
     def layer(self, lw: LayerW, x, pos, s1, s2, kept=None, room=None, src=None):
-        calls = layer_calls(lw, self.cfg)              # an attention layer in blocks: its calls made once
-        if calls is not None:
-            return calls(x, pos, s1, s2, *self.rope_at(lw.mixer.rope_theta, pos))
-        eps = self.cfg.rms_norm_eps
-        if lw.kind == "full_attention":              # the mixers norm x in their first GEMV's call
-            a = self.attention(lw.mixer, x, pos, s1, s2, (lw.in_norm, eps))
-        else:
-            a = self.deltanet(lw.mixer, x, s1, s2, kept, (lw.in_norm, eps), room, src)
-        x = x + a if lw.mixer_out_norm is None else ops.rmsnorm(a, lw.mixer_out_norm, eps, residual=x)
-        if isinstance(lw.ffn, MoeW):
-            return self.moe(lw.ffn, ops.rmsnorm(x, lw.post_norm, eps), x)
-        f = self.mlp(lw.ffn, x, (lw.post_norm, eps))
-        return x + f if lw.ffn_out_norm is None else ops.rmsnorm(f, lw.ffn_out_norm, eps, residual=x)
+        """The layer's graph (vkspec.layer_graph), step by step: through an
+        attention layer's prepared calls where it has them (layer_calls), else
+        through ops. h is carried as (x, norm name): each sublayer norms it in
+        its first GEMV's call."""
+        calls = layer_calls(lw, self.cfg)
+        run = self if calls is None else calls
+        rope = self.rope_at(lw.mixer.rope_theta, pos) if lw.kind == "full_attention" else None
+        h, out = None, {}
+        for step in lw.graph.steps:
+            if type(step) is Norm:
+                h = (x, step.weight)
+            elif type(step) is Sub:
+                out[step.kind] = (run.mixer(lw, h, pos, rope, s1, s2, kept, room, src) if step.kind == "mixer"
+                                  else run.ffn(lw, h))
+            else:
+                x = run.add(lw, x, out.pop(step.kind), step.norm)
+        return x
 
-    def attention(self, w: AttnW, h, pos, kcache, vcache, norm=None):
-        """The attention of rows h (of rmsnorm(h, *norm) with norm = (w, eps))."""
+    def mixer(self, lw: LayerW, h, pos, rope, s1, s2, kept=None, room=None, src=None):
+        """The mixer's output for h = (x, norm name): attention (s1, s2: its KV
+        cache) or Gated DeltaNet (s1, s2: its conv ring and state)."""
+        x, norm = h[0], (lw.norms[h[1]], self.cfg.rms_norm_eps)
+        if lw.kind == "full_attention":
+            return self.attention(lw.mixer, x, pos, s1, s2, norm, rope)
+        return self.deltanet(lw.mixer, x, s1, s2, kept, norm, room, src)
+
+    def ffn(self, lw: LayerW, h):
+        """The MLP's output for h = (x, norm name); for experts, the function
+        of x that adds them (moe_combine takes the residual itself)."""
+        x, norm = h[0], (lw.norms[h[1]], self.cfg.rms_norm_eps)
+        if isinstance(lw.ffn, MoeW):
+            hn = ops.rmsnorm(x, *norm)
+            return lambda res: self.moe(lw.ffn, hn, res)
+        return self.mlp(lw.ffn, x, norm)
+
+    def add(self, lw: LayerW, x, y, norm: str | None):
+        """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
+        if callable(y):
+            if norm is not None:
+                raise VkspecError(f"layer graph {lw.graph.name!r}: no output norm on the experts' combine")
+            return y(x)
+        return x + y if norm is None else ops.rmsnorm(y, lw.norms[norm], self.cfg.rms_norm_eps, residual=x)
+
+    def attention(self, w: AttnW, h, pos, kcache, vcache, norm=None, rope=None):
+        """The attention of rows h (of rmsnorm(h, *norm) with norm = (w, eps));
+        rope: the positions' (cos, sin) rows at the layer's base."""
         c = self.cfg
         n, nh, hd = h.shape[0], c.num_attention_heads, c.head_dim
         q, k, v = (self.bias(y, b) for y, b in zip(ops.gemvs([w.q, w.k, w.v], h, norm),
@@ -152,7 +183,8 @@ class CpuModel:
         if w.q_norm is not None:
             q = ops.rmsnorm(q, w.q_norm, c.rms_norm_eps)
         k = self.normed_k(w, k)
-        out = ops.rope_attend(q, k, v.reshape(k.shape), *self.rope_at(w.rope_theta, pos), kcache, vcache, pos,
+        cos, sin = rope or self.rope_at(w.rope_theta, pos)
+        out = ops.rope_attend(q, k, v.reshape(k.shape), cos, sin, kcache, vcache, pos,
                               f32(c.scores_scale), w.window)
         out = out.reshape(n, nh * hd)
         if w.gated:

@@ -22,6 +22,7 @@ import numpy as np
 from ... import exact
 from ...config import ModelConfig
 from ...formats.matrix import QWeight
+from ...layer_graph import LayerGraph
 from ...rope import rope_tables
 from ...shaders.limits import MAX_ROWS  # one definition, compiled into the shaders
 from ...weights import LayerW, MoeW, Weights, qweights
@@ -152,14 +153,12 @@ class DeltaMixer:
 @dataclass
 class Layer:
     index: int
-    in_norm: Span
-    post_norm: Span
+    graph: LayerGraph           # the steps the recorder records (vkspec.layer_graph)
+    norms: dict[str, Span]      # the graph's norms by name
     mix: DevWeight
     out: DevWeight
     mixer: AttnMixer | DeltaMixer
     ffn: Ffn
-    mixer_out_norm: Span | None = None  # sandwich norms (Gemma 3), see weights.LayerW
-    ffn_out_norm: Span | None = None
 
     @property
     def attention(self) -> bool:
@@ -349,10 +348,7 @@ class Layout:
                                up.vector(f"weights:{p}.norm", m.norm),
                                up.span(f"state:{p}.conv", regions * (d.K - 1) * d.cd, "ring"),
                                up.span(f"state:{p}.ssm", regions * d.nv * d.dk * d.dv, "ssm"))
-        sandwich = {k: up.vector(f"weights:{p}.{k}", getattr(lw, k))
-                    for k in ("mixer_out_norm", "ffn_out_norm") if getattr(lw, k) is not None}
-        return Layer(i, up.vector(f"weights:{p}.in_norm", lw.in_norm),
-                     up.vector(f"weights:{p}.post_norm", lw.post_norm),
-                     up.weight(f"weights:{p}.mix", host.mix), up.weight(f"weights:{p}.out", host.out),
-                     mixer, ffn, **sandwich)
+        norms = {k: up.vector(f"weights:{p}.{k}", w) for k, w in lw.norms.items()}
+        return Layer(i, lw.graph, norms, up.weight(f"weights:{p}.mix", host.mix),
+                     up.weight(f"weights:{p}.out", host.out), mixer, ffn)
 

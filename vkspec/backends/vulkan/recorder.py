@@ -19,6 +19,7 @@ from ...errors import VkspecError
 from ...shaders import push as P
 from . import graph as G
 from .graph import Pass, Recording, groups
+from ...layer_graph import Norm, Sub
 from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
 from .buffers import DevWeight, q8_words
 from ...formats.intform import block_size
@@ -198,17 +199,9 @@ class Recorder:
             self.gemv(b.fc, s.fcin, x, n, y_stride=d.Hp)
             layers = b.layers[trunk:]
         for L in layers:
-            self.rmsnorm(x, L.in_norm, s.h, n, d.H, x_stride=d.Hp, y_stride=d.Hp)
             # the head absorbing a block: the rows before the last only write
             # their KV row (nothing else of theirs is ever read)
-            m = 1 if kind is Pass.MTP and last and L.attention else n
-            if L.attention:
-                self.attention(L, x, n, bucket, step, last_only=m < n)
-            else:
-                self.deltanet(L, x, n, step)
-            o = (n - m) * d.Hp
-            self.rmsnorm(x, L.post_norm, s.h, m, d.H, x_off=o, x_stride=d.Hp, y_stride=d.Hp)
-            (self.moe if L.ffn.moe_i >= 0 else self.mlp)(L, x, m, x_off=o)
+            self.layer(L, x, n, bucket, step, last_only=kind is Pass.MTP and last and L.attention)
         rows = 1 if last else n
         norm = b.norm if kind is Pass.MAIN else b.mtp_norm
         self.rmsnorm(x, norm, s.xn, rows, d.H, x_off=(n - rows) * d.Hp, x_stride=d.Hp, y_stride=d.Hp)
@@ -222,7 +215,33 @@ class Recorder:
         self.rec = None
         return segments, logits, picks
 
-    def attention(self, L: Layer, x, n, bucket, step, last_only=False):
+    def layer(self, L: Layer, x, n, bucket, step, last_only=False):
+        """The layer's graph (vkspec.layer_graph), step by step. A Norm writes
+        h; each sublayer adds its output into x in its last op (the graph's
+        check makes that the same add as its Add step's), so an Add records
+        nothing. After a ``last_only`` mixer the steps work on the last row."""
+        d, s = self.d, self.s
+        rows, first, h_first = n, 0, None           # first: the x row the steps' row 0 is
+        for st in L.graph.steps:
+            if type(st) is Norm:
+                self.rmsnorm(x, L.norms[st.weight], s.h, rows, d.H, x_off=first * d.Hp, x_stride=d.Hp,
+                             y_stride=d.Hp)
+                h_first = first
+            elif type(st) is Sub:
+                if h_first != first:
+                    raise VkspecError(f"layer graph {L.graph.name!r}: the MTP head's last row needs a Norm "
+                                      "after its mixer")
+                norm = L.graph.add_of(st.kind).norm
+                out_norm = None if norm is None else L.norms[norm]
+                if st.kind == "ffn":
+                    (self.moe if L.ffn.moe_i >= 0 else self.mlp)(L, x, rows, first * d.Hp, out_norm)
+                elif L.attention:
+                    self.attention(L, x, n, bucket, step, last_only, out_norm)
+                    rows, first = (1, n - 1) if last_only else (n, 0)
+                else:
+                    self.deltanet(L, x, n, step, out_norm)
+
+    def attention(self, L: Layer, x, n, bucket, step, last_only=False, out_norm=None):
         """``last_only`` (the MTP head absorbing a block): every row writes
         its K/V row; only the last is attended and goes on (into its x row),
         with positions from the one-row ``mtp_last`` step."""
@@ -269,7 +288,7 @@ class Recorder:
                     P.Attend(q_stride=Pw, q_hstride=qw, gate_off=first * Pw + hd, o_stride=padded(nh * hd),
                              kv_off=a.vc.off, **common),
                     q=s.proj, kv=a.vc.t, s=s.scores, o=s.attn_o, step=step)
-        self.out(L.out, L.mixer_out_norm, s.attn_o, padded(nh * hd), x, n, first * d.Hp, a.o_bias)
+        self.out(L.out, out_norm, s.attn_o, padded(nh * hd), x, n, first * d.Hp, a.o_bias)
 
     def out(self, w: DevWeight, norm, src, src_stride, x, n, x_off, bias=None):
         """x rows (from float x_off) += w src + bias (a sublayer's output
@@ -288,7 +307,7 @@ class Recorder:
             self.rmsnorm(s.sub, norm, x, n, d.H, x_off=x_off, x_stride=d.Hp, y_off=x_off, y_stride=d.Hp,
                          acc=True)
 
-    def deltanet(self, L: Layer, x, n, step):
+    def deltanet(self, L: Layer, x, n, step, out_norm=None):
         d, s, m = self.d, self.s, L.mixer
         Pw = L.mix.rows
         self.gemv(L.mix, s.h, s.proj, n, x_stride=d.Hp)
@@ -306,7 +325,7 @@ class Recorder:
         self.rmsnorm(s.dn_o, m.norm, s.dn_n, n * d.nv, d.dv, group=d.nv, x_stride=d.nv * d.dv,
                      x_inner=d.dv, y_stride=padded(d.nv * d.dv), y_inner=d.dv, z=s.proj, z_off=d.cd,
                      z_stride=Pw, z_inner=d.dv)
-        self.out(L.out, L.mixer_out_norm, s.dn_n, padded(d.nv * d.dv), x, n, 0)
+        self.out(L.out, out_norm, s.dn_n, padded(d.nv * d.dv), x, n, 0)
 
     def act_mul(self, x, y, rows, n, x_stride, y_stride, act="silu"):
         """act(g) * u: silu_mul.comp, or gelu_mul.comp for act "gelu_tanh"."""
@@ -314,15 +333,17 @@ class Recorder:
         self.rec.op(op, None, groups(rows * n), push(rows=rows, n=n, x_stride=x_stride, y_stride=y_stride),
                     x=x, y=y)
 
-    def mlp(self, L: Layer, x, n, x_off=0):
-        """h rows 0..n-1 -> added to x from float x_off."""
+    def mlp(self, L: Layer, x, n, x_off=0, out_norm=None):
+        """h rows 0..n-1 -> added to x from float x_off (normed by out_norm first, when given)."""
         d, s, f = self.d, self.s, L.ffn
         inter, width = padded(f.down.cols), f.gate_up.rows // 2
         self.gemv(f.gate_up, s.h, s.proj, n, x_stride=d.Hp)
         self.act_mul(s.proj, s.act, n, width, 2 * width, inter, self.cfg.hidden_act)
-        self.out(f.down, L.ffn_out_norm, s.act, inter, x, n, x_off)
+        self.out(f.down, out_norm, s.act, inter, x, n, x_off)
 
-    def moe(self, L: Layer, x, n, x_off=0):
+    def moe(self, L: Layer, x, n, x_off=0, out_norm=None):
+        if out_norm is not None:
+            raise VkspecError(f"layer graph {L.graph.name!r}: no output norm on the experts' combine")
         d, s, f = self.d, self.s, L.ffn
         E, k, H, mi = d.E, d.k, d.H, self.cfg.moe_intermediate_size
         R = f.router.rows
