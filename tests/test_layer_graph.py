@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import bits_equal, forward_both, layer_calls_three_ways, require
+from conftest import forward_both, layer_calls_three_ways, require
 
 torch = require("torch")
 require("transformers")
@@ -123,3 +123,8 @@ def test_a_graph_the_backends_cannot_run_is_refused_in_one_line(steps, why):
     with pytest.raises(VkspecError, match=why) as e:
         LayerGraph("bad", steps)
     assert "\n" not in str(e.value)
+
+
+def test_an_unknown_sublayer_is_refused_in_one_line():
+    with pytest.raises(VkspecError, match="a sublayer is one of mixer, ffn"):
+        Sub("attention")

@@ -28,10 +28,22 @@ sublayers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from .errors import VkspecError
 
-SUBLAYERS = ("mixer", "ffn")
+
+class Sublayer(StrEnum):
+    MIXER = "mixer"     # attention or Gated DeltaNet, by the layer's kind
+    FFN = "ffn"         # an MLP or the experts, by the layer's weights
+
+
+def _sublayer(step) -> None:
+    try:
+        object.__setattr__(step, "kind", Sublayer(step.kind))
+    except ValueError:
+        raise VkspecError(f"{type(step).__name__}({step.kind!r}): a sublayer is one of "
+                          f"{', '.join(Sublayer)}") from None
 
 
 @dataclass(frozen=True)
@@ -41,13 +53,19 @@ class Norm:
 
 @dataclass(frozen=True)
 class Sub:
-    kind: str
+    kind: Sublayer
+
+    def __post_init__(self):
+        _sublayer(self)
 
 
 @dataclass(frozen=True)
 class Add:
-    kind: str
+    kind: Sublayer
     norm: str | None = None
+
+    def __post_init__(self):
+        _sublayer(self)
 
 
 Step = Norm | Sub | Add
@@ -77,7 +95,7 @@ class LayerGraph:
         """Whether a sublayer's output is normed before its add (the device then needs a scratch for it)."""
         return any(isinstance(s, Add) and s.norm is not None for s in self.steps)
 
-    def add_of(self, kind: str) -> Add:
+    def add_of(self, kind: Sublayer) -> Add:
         return next(s for s in self.steps if isinstance(s, Add) and s.kind == kind)
 
 
@@ -87,8 +105,8 @@ def check(g: LayerGraph) -> None:
         raise VkspecError(f"layer graph {g.name!r}: {why}")
     subs = [s.kind for s in g.steps if isinstance(s, Sub)]
     adds = [s.kind for s in g.steps if isinstance(s, Add)]
-    if sorted(subs) != sorted(SUBLAYERS) or sorted(adds) != sorted(SUBLAYERS):
-        bad(f"needs one Sub and one Add of each of {', '.join(SUBLAYERS)}")
+    if sorted(subs) != sorted(Sublayer) or sorted(adds) != sorted(Sublayer):
+        bad(f"needs one Sub and one Add of each of {', '.join(Sublayer)}")
     if subs != adds:
         bad("the adds must come in the order of their sublayers")
     normed, pending = False, set()
@@ -108,11 +126,12 @@ def check(g: LayerGraph) -> None:
 
 
 # x + mixer(norm(x)), then x + ffn(norm(x)): Llama, Qwen2/3, Qwen3-MoE, the hybrids
+MIXER, FFN = Sublayer
 SEQUENTIAL = LayerGraph("sequential", (
-    Norm("input_layernorm"), Sub("mixer"), Add("mixer"),
-    Norm("post_attention_layernorm"), Sub("ffn"), Add("ffn")))
+    Norm("input_layernorm"), Sub(MIXER), Add(MIXER),
+    Norm("post_attention_layernorm"), Sub(FFN), Add(FFN)))
 
 # each sublayer's output normed before its add; post_attention_layernorm is the mixer's output norm (Gemma 3)
 SANDWICH = LayerGraph("sandwich", (
-    Norm("input_layernorm"), Sub("mixer"), Add("mixer", "post_attention_layernorm"),
-    Norm("pre_feedforward_layernorm"), Sub("ffn"), Add("ffn", "post_feedforward_layernorm")))
+    Norm("input_layernorm"), Sub(MIXER), Add(MIXER, "post_attention_layernorm"),
+    Norm("pre_feedforward_layernorm"), Sub(FFN), Add(FFN, "post_feedforward_layernorm")))

@@ -28,7 +28,7 @@ import numpy as np
 from ...config import ModelConfig
 from ...errors import VkspecError
 from ...interface import HostState
-from ...layer_graph import Norm, Sub
+from ...layer_graph import Norm, Sub, Sublayer
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
 from . import ops
@@ -138,8 +138,8 @@ class CpuModel:
             if type(step) is Norm:
                 h = (x, step.weight)
             elif type(step) is Sub:
-                out[step.kind] = (run.mixer(lw, h, pos, rope, s1, s2, kept, room, src) if step.kind == "mixer"
-                                  else run.ffn(lw, h))
+                out[step.kind] = (run.mixer(lw, h, pos, rope, s1, s2, kept, room, src)
+                                  if step.kind is Sublayer.MIXER else run.ffn(lw, h))
             else:
                 x = run.add(lw, x, out.pop(step.kind), step.norm)
         return x

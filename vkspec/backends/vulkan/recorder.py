@@ -19,7 +19,7 @@ from ...errors import VkspecError
 from ...shaders import push as P
 from . import graph as G
 from .graph import Pass, Recording, groups
-from ...layer_graph import Norm, Sub
+from ...layer_graph import Norm, Sub, Sublayer
 from .layout import MAX_ROWS, P as padded, Buffers, Layer, Layout
 from .buffers import DevWeight, q8_words
 from ...formats.intform import block_size
@@ -233,7 +233,7 @@ class Recorder:
                                       "after its mixer")
                 norm = L.graph.add_of(st.kind).norm
                 out_norm = None if norm is None else L.norms[norm]
-                if st.kind == "ffn":
+                if st.kind is Sublayer.FFN:
                     (self.moe if L.ffn.moe_i >= 0 else self.mlp)(L, x, rows, first * d.Hp, out_norm)
                 elif L.attention:
                     self.attention(L, x, n, bucket, step, last_only, out_norm)
