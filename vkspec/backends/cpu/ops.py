@@ -17,7 +17,7 @@ import numpy as np
 from ... import exact
 from ...formats.intform import block_size, int_form
 from ...formats.matrix import QWeight, dequantize
-from . import jit, jit_attend, jit_blocks, jit_math, qdot
+from . import jit, jit_attend, jit_blocks, jit_math, jit_route, qdot
 
 f32 = np.float32
 
@@ -147,9 +147,8 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     every (row, expert) pair as if it ran alone: an expert runs over all the
     rows routed to it at once."""
     if idx.shape[0] == 1 and jit.enabled():
-        ms = [w.experts[int(e)] for e in idx[0]]
-        if all(m.gate.acts == m.up.acts == m.down.acts == "q8" for m in ms):
-            return _one_row_experts(ms, h)
+        if all(w.experts[e].gate.acts == w.experts[e].up.acts == w.experts[e].down.acts == "q8" for e in idx[0]):
+            return _one_row_experts(w, np.asarray(idx[0], np.int64), h)
     out = np.empty(idx.shape + (h.shape[-1],), f32)
     routed = {}                 # the experts of each set of rows (a decode step: all k of its row)
     for e in np.unique(idx):
@@ -185,22 +184,31 @@ def expert_mlps(w, h, idx) -> np.ndarray:
     return out
 
 
-def _one_row_experts(ms, h) -> np.ndarray:
+def _one_row_experts(w, experts, h) -> np.ndarray:
     """expert_mlps of one row (a decode step) whose experts take q8: their
     gates and ups in one call, every activation in one, their downs in one.
     Each output is what the general path computes for it: the same
     quantisation of the row, the same kernels, an activation element by
     element; only the grouping by rows, which one row does not need, is left
-    out. ms: the row's experts (MlpW), in routing order."""
-    gu = qdot.gemvs_each([q for m in ms for q in (m.gate, m.up)], [h] * (2 * len(ms)))
-    a = jit_math.silu(np.concatenate(gu[0::2]), times=np.concatenate(gu[1::2]))         # (k, I)
-    ys = qdot.gemvs_each([m.down for m in ms], [a[j:j + 1] for j in range(len(ms))])
-    return np.concatenate(ys)[None]
+    out. experts: the row's expert indices, in routing order; the calls pick
+    them from the layer's qdot.Table, made at the layer's first such row."""
+    tables = w.__dict__.get("_q8_tables")
+    if tables is None:
+        tables = w.__dict__["_q8_tables"] = (qdot.Table([q for m in w.experts for q in (m.gate, m.up)]),
+                                             qdot.Table([m.down for m in w.experts]))
+    gu = tables[0].each((2 * experts[:, None] + _GATE_UP).reshape(-1), np.ascontiguousarray(h, f32), x_rows=1)
+    a = jit_math.silu(gu[0::2], times=gu[1::2])                                          # (k, I)
+    return tables[1].each(experts, a)[None]
+
+
+_GATE_UP = np.arange(2)
 
 
 def moe_combine(x, ys, wts, shared=None, shared_logit=None) -> np.ndarray:
     """The residual x plus, per row, sum_j ys[j] * wts[j] in routing order
     from +0, plus sigmoid(logit) * shared. ys (n, k, H), wts (n, k), shared (n, H)."""
+    if jit.enabled() and np.ndim(x) == 2:
+        return jit_route.moe_combine(x, ys, wts, shared, shared_logit)
     acc = np.zeros(ys[:, 0].shape, f32)
     for j in range(ys.shape[1]):
         acc = acc + ys[:, j] * wts[:, j, None]
@@ -422,6 +430,8 @@ def route(logits, k: int, normalize: bool):
     """Softmax over each row of router logits (n, E), its top-k experts (ties to
     the lower index) and their weights, renormalised if asked:
     (idx (n, k), weights (n, k))."""
+    if jit.enabled():
+        return jit_route.route(logits, k, normalize)
     probs = softmax(logits)
     idx = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
     top = np.take_along_axis(probs, idx, axis=-1)

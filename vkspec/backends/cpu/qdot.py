@@ -208,4 +208,36 @@ def gemv(w: QWeight, x: np.ndarray) -> np.ndarray:
     return gemvs((w,), x)[0]
 
 
-__all__ = ["Q8Rows", "quantize", "gemvs", "gemvs_each", "gemv", "variant", "lib"]
+_MAT = np.dtype([(name, np.int32 if t is ctypes.c_int32 else np.int64) for name, t in Mat._fields_])
+assert _MAT.itemsize == ctypes.sizeof(Mat)
+
+
+class Table:
+    """The Mats of many weights (a MoE layer's experts) as one NumPy array:
+    a call over any of them picks its rows by index, with no ctypes object
+    made a matrix. The same C call, so the same bits as gemvs_each."""
+
+    def __init__(self, ws):
+        self.keep = [_mat(w) for w in ws]                 # what the pointers point into
+        self.mats = np.frombuffer(b"".join(bytes(k[0]) for k in self.keep), _MAT).copy()
+        self.rows = self.mats["rows"].copy()
+
+    def each(self, sel: np.ndarray, xs: np.ndarray, x_rows: int = 0) -> np.ndarray:
+        """Weight sel[j] against one row of xs: xs[j] (xs (len(sel), cols)),
+        or with x_rows=1 xs[0] for every j. Returns (len(sel), rows): the
+        selected weights have one row count."""
+        mats = self.mats[sel]
+        rows = int(self.rows[sel[0]])
+        assert (self.rows[sel] == rows).all() and xs.dtype == np.float32 and xs.flags.c_contiguous
+        y = np.empty((len(sel), rows), np.float32)
+        mats["y"] = _addr(y) + 4 * rows * np.arange(len(sel))
+        mats["y_stride"] = rows
+        step = 0 if x_rows else 4 * xs.shape[1]
+        ptrs = _addr(xs) + step * np.arange(len(sel), dtype=np.int64)
+        ns = np.ones(len(sel), np.int64)
+        if lib().vk_q8_gemvs_each(mats.ctypes.data, len(sel), ptrs.ctypes.data, ns.ctypes.data, THREADS):
+            raise MemoryError("q8 GEMV: out of memory for its buffers")
+        return y
+
+
+__all__ = ["Q8Rows", "Table", "quantize", "gemvs", "gemvs_each", "gemv", "variant", "lib"]
