@@ -91,11 +91,12 @@ def test_greedy_ids_32(pair):
 
 
 @pytest.mark.parametrize("acts", ["f32", "q8"])
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "qwen3_moe", "qwen3_5"])
 def test_layer_calls_are_the_general_path_and_the_definition(name, acts, tmp_path, monkeypatch):
-    """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, in int4 blocks,
-    with either arithmetic: layer_calls gives the general path's and the
-    NumPy definition's bits."""
+    """Qwen2's q/k/v biases, Qwen3's q/k norms and o bias, Qwen3-MoE's
+    attention beside its experts, Qwen3.5's MLPs beside its DeltaNet and
+    gated attention, in int4 blocks, with either arithmetic: layer_calls
+    gives the general path's and the NumPy definition's bits."""
     build(name, tmp_path)
     model = load_model(tmp_path, fmt="int4-g64", activations=acts)
     calls, general, definition = layer_calls_three_ways(model, [PROMPT[:9], PROMPT[9:13]], monkeypatch)

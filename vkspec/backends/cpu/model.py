@@ -126,22 +126,25 @@ class CpuModel:
         return x, logits
 
     def layer(self, lw: LayerW, x, pos, s1, s2, kept=None, room=None, src=None):
-        """The layer's graph (vkspec.layer_graph), step by step: through an
-        attention layer's prepared calls where it has them (layer_calls), else
+        """The layer's graph (vkspec.layer_graph), step by step: each sublayer
+        through its prepared calls where it has them (layer_calls), else
         through ops. h is carried as (x, norm name): each sublayer norms it in
         its first GEMV's call."""
         calls = layer_calls(lw, self.cfg)
-        run = self if calls is None else calls
+        mixer = calls.mixer if calls is not None and calls.attn else self.mixer
+        ffn = calls.ffn if calls is not None and calls.mlp else self.ffn
+        add = self.add if calls is None else calls.add
         rope = self.rope_at(lw.mixer.rope_theta, pos) if lw.kind == "full_attention" else None
         h, out = None, {}
         for step in lw.graph.steps:
             if type(step) is Norm:
                 h = (x, step.weight)
             elif type(step) is Sub:
-                out[step.kind] = (run.mixer(lw, h, pos, rope, s1, s2, kept, room, src)
-                                  if step.kind is Sublayer.MIXER else run.ffn(lw, h))
+                out[step.kind] = (mixer(lw, h, pos, rope, s1, s2, kept, room, src)
+                                  if step.kind is Sublayer.MIXER else ffn(lw, h))
             else:
-                x = run.add(lw, x, out.pop(step.kind), step.norm)
+                y = out.pop(step.kind)
+                x = (self.add if callable(y) else add)(lw, x, y, step.norm)
         return x
 
     def mixer(self, lw: LayerW, h, pos, rope, s1, s2, kept=None, room=None, src=None):
