@@ -70,17 +70,20 @@ def forward_both(cpu, dev, sc, sv, rows, **kw):
 
 def layer_calls_three_ways(model, blocks, monkeypatch):
     """Forward `blocks` (lists of ids, the later ones with copies) on a fresh
-    state three ways: through layer_calls, model.layer's general path, and
+    state, come back to the last block's first row and go on from there,
+    three ways: through layer_calls, model.layer's general path, and
     the NumPy definition (VKSPEC_CPU_JIT=0). Returns each run's hidden rows,
     logits and KV rows as bytes; every layer must take layer_calls for a
     sublayer at least."""
     from vkspec.backends.cpu import jit, layer_calls, model as cpu_model
-    assert all(layer_calls.attention_mode(lw) or layer_calls.mlp_mode(lw) for lw in model.w.layers)
+    assert all(layer_calls.layer_calls(lw, model.cfg) is not None for lw in model.w.layers)
 
     def run():
         st = model.new_state()
         out = [a.tobytes() for i, b in enumerate(blocks) for a in model.forward(b, st, copies=i > 0)]
-        return out + [k[:st.kv_len].tobytes() + v[:st.kv_len].tobytes() for k, v in zip(st.kv_k, st.kv_v)]
+        out += [k[:st.kv_len].tobytes() + v[:st.kv_len].tobytes() for k, v in zip(st.kv_k, st.kv_v)]
+        model.rewind(st, 1)             # the recurrent state the last block's first row left (a copy slot)
+        return out + [a.tobytes() for a in st.conv + st.ssm + list(model.forward(blocks[-1][1:2], st))]
     runs = [run()]
     monkeypatch.setattr(cpu_model, "layer_calls", lambda lw, cfg: None)
     runs.append(run())

@@ -7,7 +7,7 @@ A sublayer is prepared when it is attention without an output gate
 (attention_mode) or one MLP (mlp_mode), and its matrices all take q8 or are
 all in blocks: every layer of SmolLM2, Llama, Qwen2, Qwen3 (biases, q/k
 norms) and Gemma 3 (sandwich norms), Qwen3-MoE's attention, the hybrids'
-dense MLPs. A prepared attention is one GEMV call for q, k and v, one of
+dense MLPs; or a Gated DeltaNet whose projections take q8 (deltanet_calls). A prepared attention is one GEMV call for q, k and v, one of
 jit_attend._attend and one for o; a prepared MLP one call for gate and up
 and one for down (jit_blocks._gemv with f32 activations; with q8 ones,
 qdot's calls after the same jit_math norm and activation calls as ops' q8
@@ -32,6 +32,7 @@ import numpy as np
 from ...formats.matrix import QWeight
 from ...weights import AttnW, LayerW, MlpW
 from . import jit, jit_attend, jit_blocks, jit_math, qdot
+from .deltanet_calls import DeltaNetCalls, deltanet_mode
 
 F = np.float32
 _NONE1, _NONE2 = jit_blocks._NONE1, jit_blocks._NONE2
@@ -93,6 +94,10 @@ class LayerCalls:
             self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
         self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
         self.act = jit_math.ELEMENTWISE_OPS[self.act_name]
+        self.delta = DeltaNetCalls(lw, cfg) if deltanet_mode(lw) else None
+        # what CpuModel.layer calls for each sublayer (None: the general path)
+        self.run_mixer = self.mixer if self.attn else (None if self.delta is None else self.delta.mixer)
+        self.run_ffn = self.ffn if self.mlp else None
 
     def add(self, lw, x, y, norm):
         """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
@@ -147,6 +152,6 @@ def layer_calls(lw: LayerW, cfg) -> LayerCalls | None:
         return None
     got = lw.__dict__.get("_layer_calls", False)
     if got is False:
-        got = LayerCalls(lw, cfg) if attention_mode(lw) or mlp_mode(lw) else None
+        got = LayerCalls(lw, cfg) if attention_mode(lw) or mlp_mode(lw) or deltanet_mode(lw) else None
         lw.__dict__["_layer_calls"] = got
     return got

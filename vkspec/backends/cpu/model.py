@@ -131,8 +131,8 @@ class CpuModel:
         through ops. h is carried as (x, norm name): each sublayer norms it in
         its first GEMV's call."""
         calls = layer_calls(lw, self.cfg)
-        mixer = calls.mixer if calls is not None and calls.attn else self.mixer
-        ffn = calls.ffn if calls is not None and calls.mlp else self.ffn
+        mixer = (calls is not None and calls.run_mixer) or self.mixer
+        ffn = (calls is not None and calls.run_ffn) or self.ffn
         add = self.add if calls is None else calls.add
         rope = self.rope_at(lw.mixer.rope_theta, pos) if lw.kind == "full_attention" else None
         h, out = None, {}
