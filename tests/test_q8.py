@@ -209,7 +209,8 @@ def test_one_rows_experts_are_the_general_paths_and_the_definitions(monkeypatch)
     ups in one call, their activations in one, their downs in one) gives the
     bits of the same experts routed among more rows and of the NumPy
     definition; experts in any order, of both block sizes (a swap of two
-    experts' outputs fails it)."""
+    experts' outputs fails it); a shared expert of their width in the same
+    calls, a wider one on its own."""
     import dataclasses
 
     from vkspec.backends.cpu import jit, ops
@@ -221,11 +222,25 @@ def test_one_rows_experts_are_the_general_paths_and_the_definitions(monkeypatch)
     experts = [MlpW(q8(random_weight("q4_k", 256, 512, rng)), q8(random_weight("q4_0", 256, 512, rng)),
                     q8(random_weight("q6_k" if e % 2 else "q8_0", 512, 256, rng)))
                for e in range(6)]
-    w = MoeW(router=None, experts=experts, shared=None, shared_gate=None)
+    # a shared expert of the routed width joins their calls; one twice as wide runs on its own
+    shared = [MlpW(q8(random_weight("q4_k", rows, 512, rng)), q8(random_weight("q5_0", rows, 512, rng)),
+                   q8(random_weight("q6_k", 512, rows, rng))) for rows in (256, 512)]
     h = (rng.standard_normal((3, 512)) * 2).astype(np.float32)
     idx = np.array([[4, 1, 5, 0], [2, 4, 0, 3], [1, 5, 2, 4]])
-    one = ops.expert_mlps(w, h[1:2], idx[1:2])
-    among = ops.expert_mlps(w, h, idx)[1:2]                   # the general path: rows grouped by expert
-    monkeypatch.setattr(jit, "ENABLED", False)
-    bits_equal(one, among)
-    bits_equal(one, ops.expert_mlps(w, h[1:2], idx[1:2]))
+    for sh in [None] + shared:
+        w = MoeW(router=None, experts=experts, shared=sh, shared_gate=None)
+        act = None if sh is None else "silu"
+        one = ops.expert_mlps(w, h[1:2], idx[1:2], shared_act=act)
+        among = ops.expert_mlps(w, h, idx, shared_act=act)    # the general path: rows grouped by expert
+        with monkeypatch.context() as m:
+            m.setattr(jit, "ENABLED", False)
+            definition = ops.expert_mlps(w, h[1:2], idx[1:2], shared_act=act)
+        if sh is None:
+            bits_equal(one, among[1:2])
+            bits_equal(one, definition)
+        else:
+            assert w.__dict__["_q8_tables_silu"][2] == (sh is shared[0])
+            bits_equal(one[0], among[0][1:2])
+            bits_equal(one[1], among[1][1:2])
+            bits_equal(one[0], definition[0])
+            bits_equal(one[1], definition[1])

@@ -269,10 +269,10 @@ class CpuModel:
         """x plus the routed experts' and the shared expert's outputs."""
         c = self.cfg
         idx, wt = ops.route(ops.gemv(w.router, h), c.num_experts_per_tok, c.norm_topk_prob)   # (n, k) each
-        ys = ops.expert_mlps(w, h, idx)                                                      # (n, k, H)
         if w.shared is None:
-            return ops.moe_combine(x, ys, wt)
-        return ops.moe_combine(x, ys, wt, self.mlp(w.shared, h), ops.gemv(w.shared_gate, h)[:, 0])
+            return ops.moe_combine(x, ops.expert_mlps(w, h, idx), wt)                        # (n, k, H)
+        ys, shared = ops.expert_mlps(w, h, idx, shared_act=c.hidden_act)
+        return ops.moe_combine(x, ys, wt, shared, ops.gemv(w.shared_gate, h)[:, 0])
 
     def rewind(self, st: HostState, keep: int):
         """Keep rows 0..keep-1 of the last block (0: none, the state before it):

@@ -17,7 +17,7 @@ import numpy as np
 from ... import exact
 from ...formats.intform import block_size, int_form
 from ...formats.matrix import QWeight, dequantize
-from . import jit, jit_attend, jit_blocks, jit_math, jit_route, qdot
+from . import expert_table, jit, jit_attend, jit_blocks, jit_math, jit_route, qdot
 
 f32 = np.float32
 
@@ -142,13 +142,27 @@ def act_mul(act: str, g, u) -> np.ndarray:
     return gelu_mul(g, u) if act == "gelu_tanh" else silu_mul(g, u)
 
 
-def expert_mlps(w, h, idx) -> np.ndarray:
+def expert_mlps(w, h, idx, shared_act: str | None = None):
     """(n, k, H): row i's k routed experts, down(silu(gate h_i) * up h_i) each,
     every (row, expert) pair as if it ran alone: an expert runs over all the
-    rows routed to it at once."""
-    if idx.shape[0] == 1 and jit.enabled():
-        if all(w.experts[e].gate.acts == w.experts[e].up.acts == w.experts[e].down.acts == "q8" for e in idx[0]):
-            return _one_row_experts(w, np.asarray(idx[0], np.int64), h)
+    rows routed to it at once. With ``shared_act`` (the shared expert's
+    activation): (that, the shared expert's output (n, H)), which one decode
+    row computes in the same calls as its experts (expert_table)."""
+    if idx.shape[0] == 1 and jit.enabled() and expert_table.applies(w, idx[0]):
+        ys, shared = expert_table.one_row(w, np.asarray(idx[0], np.int64), h, shared_act)
+        if shared_act is None:
+            return ys
+        return ys, (shared if shared is not None else shared_mlp(w.shared, h, shared_act))
+    out = _routed(w, h, idx)
+    return out if shared_act is None else (out, shared_mlp(w.shared, h, shared_act))
+
+
+def shared_mlp(m, h, act: str) -> np.ndarray:
+    """The shared expert: down(act(gate h) * up h), gate and up in one call."""
+    return act_gemv(m.down, act, *gemvs([m.gate, m.up], h))
+
+
+def _routed(w, h, idx) -> np.ndarray:
     out = np.empty(idx.shape + (h.shape[-1],), f32)
     routed = {}                 # the experts of each set of rows (a decode step: all k of its row)
     for e in np.unique(idx):
@@ -182,26 +196,6 @@ def expert_mlps(w, h, idx) -> np.ndarray:
         for (_, _, rows, slot), y in zip(downs, qdot.gemvs_each([d[0] for d in downs], [d[1] for d in downs])):
             out[rows, slot] = y
     return out
-
-
-def _one_row_experts(w, experts, h) -> np.ndarray:
-    """expert_mlps of one row (a decode step) whose experts take q8: their
-    gates and ups in one call, every activation in one, their downs in one.
-    Each output is what the general path computes for it: the same
-    quantisation of the row, the same kernels, an activation element by
-    element; only the grouping by rows, which one row does not need, is left
-    out. experts: the row's expert indices, in routing order; the calls pick
-    them from the layer's qdot.Table, made at the layer's first such row."""
-    tables = w.__dict__.get("_q8_tables")
-    if tables is None:
-        tables = w.__dict__["_q8_tables"] = (qdot.Table([q for m in w.experts for q in (m.gate, m.up)]),
-                                             qdot.Table([m.down for m in w.experts]))
-    gu = tables[0].each((2 * experts[:, None] + _GATE_UP).reshape(-1), np.ascontiguousarray(h, f32), x_rows=1)
-    a = jit_math.silu(gu[0::2], times=gu[1::2])                                          # (k, I)
-    return tables[1].each(experts, a)[None]
-
-
-_GATE_UP = np.arange(2)
 
 
 def moe_combine(x, ys, wts, shared=None, shared_logit=None) -> np.ndarray:
