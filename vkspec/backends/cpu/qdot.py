@@ -213,29 +213,31 @@ assert _MAT.itemsize == ctypes.sizeof(Mat)
 
 
 class Table:
-    """The Mats of many weights (a MoE layer's experts) as one NumPy array:
-    a call over any of them picks its rows by index, with no ctypes object
-    made a matrix. The same C call, so the same bits as gemvs_each."""
+    """The Mats of many weights of one shape (a MoE layer's gates and ups, or
+    its downs) as one NumPy array: a call over any of them picks its rows by
+    index, with no ctypes object made a matrix. The same C call, so the same
+    bits as gemvs_each."""
 
     def __init__(self, ws):
         self.keep = [_mat(w) for w in ws]                 # what the pointers point into
         self.mats = np.frombuffer(b"".join(bytes(k[0]) for k in self.keep), _MAT).copy()
-        self.rows = self.mats["rows"].copy()
+        self.rows, cols = ws[0].rows, ws[0].cols
+        assert all(w.rows == self.rows and w.cols == cols for w in ws)
+        self.mats["y_stride"] = self.rows
+        self.y_step = 4 * self.rows * np.arange(len(ws), dtype=np.int64)   # output j's offset in bytes
+        self.x_step = 4 * cols * np.arange(len(ws), dtype=np.int64)        # input row j's
+        self.ones, self.zeros = np.ones(len(ws), np.int64), np.zeros(len(ws), np.int64)
 
     def each(self, sel: np.ndarray, xs: np.ndarray, x_rows: int = 0) -> np.ndarray:
         """Weight sel[j] against one row of xs: xs[j] (xs (len(sel), cols)),
-        or with x_rows=1 xs[0] for every j. Returns (len(sel), rows): the
-        selected weights have one row count."""
+        or with x_rows=1 xs[0] for every j. Returns (len(sel), rows)."""
+        n = len(sel)
         mats = self.mats[sel]
-        rows = int(self.rows[sel[0]])
-        assert (self.rows[sel] == rows).all() and xs.dtype == np.float32 and xs.flags.c_contiguous
-        y = np.empty((len(sel), rows), np.float32)
-        mats["y"] = _addr(y) + 4 * rows * np.arange(len(sel))
-        mats["y_stride"] = rows
-        step = 0 if x_rows else 4 * xs.shape[1]
-        ptrs = _addr(xs) + step * np.arange(len(sel), dtype=np.int64)
-        ns = np.ones(len(sel), np.int64)
-        if lib().vk_q8_gemvs_each(mats.ctypes.data, len(sel), ptrs.ctypes.data, ns.ctypes.data, THREADS):
+        assert xs.dtype == np.float32 and xs.flags.c_contiguous and xs.shape[0] == (1 if x_rows else n)
+        y = np.empty((n, self.rows), np.float32)
+        mats["y"] = _addr(y) + self.y_step[:n]
+        ptrs = _addr(xs) + (self.zeros if x_rows else self.x_step)[:n]
+        if lib().vk_q8_gemvs_each(mats.ctypes.data, n, ptrs.ctypes.data, self.ones.ctypes.data, THREADS):
             raise MemoryError("q8 GEMV: out of memory for its buffers")
         return y
 
