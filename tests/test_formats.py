@@ -32,10 +32,19 @@ def weights(fmt, rng):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_compiled_decoders_are_the_definition(fmt):
+def test_compiled_decoders_are_the_definition(fmt, monkeypatch):
+    """Every stored row, and an embedding's rows picked by token (ops.embed,
+    rows stored in another order too) against the definition's."""
+    from vkspec.backends.cpu import jit
     rng = np.random.default_rng(1)
     for w in weights(fmt, rng):
         bits_equal(jit_blocks.decode(w), dequantize(w))
+        ids = rng.integers(0, w.rows, 7)
+        for table in (w, w.reordered(rng.permutation(w.rows))):
+            got = ops.embed(table, ids, 2.5)
+            with monkeypatch.context() as m:
+                m.setattr(jit, "ENABLED", False)
+                bits_equal(got, ops.embed(table, ids, 2.5))
 
 
 @pytest.mark.parametrize("fmt", FMTS)

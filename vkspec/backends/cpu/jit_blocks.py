@@ -441,13 +441,22 @@ def _call_args(part, logical: bool):
     return got[1], got[2]
 
 
-def decode(w) -> np.ndarray:
-    """Every stored row's values (tests: the decoders against the definitions)."""
-    out = np.empty((w.data.shape[0], w.cols), F)
-    sc, code = scales_2d(w), CODES[w.fmt]
-    for m in range(w.data.shape[0]):
-        decode_row(code, w.data[m], sc[m], w.cols, out[m])
+def decode(w, ids=None) -> np.ndarray:
+    """The values of logical rows ``ids`` (formats.matrix.dequantize of
+    w.take(ids): an embedding's rows, straight from the table), or of every
+    stored row (tests: the decoders against the definitions)."""
+    rows = np.arange(w.data.shape[0]) if ids is None else np.asarray(ids, np.int64).reshape(-1)
+    if ids is not None and w.order is not None:
+        rows = w.order[rows]
+    out = np.empty((rows.shape[0], w.cols), F)
+    _decode_rows(CODES[w.fmt], w.data, scales_2d(w), np.ascontiguousarray(rows, np.int64), w.cols, out)
     return out
+
+
+@njit(**_JIT)
+def _decode_rows(code, data, scales, rows, cols, out):
+    for i in range(rows.shape[0]):
+        decode_row(code, data[rows[i]], scales[rows[i]], cols, out[i])
 
 
 def machine_code() -> str:

@@ -113,7 +113,8 @@ def _m():
 def embed(table: QWeight, tokens, scale: float = 1.0) -> np.ndarray:
     """The rows of the tokens, decoded from the table's format, times the
     float32 ``scale`` (Gemma's sqrt(hidden); times 1 changes no bit)."""
-    rows = dequantize(table.take(np.asarray(tokens).reshape(-1)))
+    ids = np.asarray(tokens).reshape(-1)
+    rows = jit_blocks.decode(table, ids) if jit.enabled() else dequantize(table.take(ids))
     return rows if scale == 1.0 else rows * f32(scale)
 
 
