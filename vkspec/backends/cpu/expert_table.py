@@ -2,8 +2,8 @@
 experts take q8, with the layer's shared expert in the same calls where it
 has the routed experts' shape.
 
-The gates and ups of the row's experts (and the shared expert's) in one
-qdot call, every activation in one jit_math.silu, their downs in one call;
+The gates, then the ups, of the row's experts (and the shared expert's) in
+one qdot call, every activation in one jit_math.silu, their downs in one call;
 the calls pick the matrices by index from the layer's qdot.Table, made at the
 layer's first such row. Each output is what the general path computes for
 it (the same quantisation of the row, the same kernels, an activation
@@ -19,12 +19,15 @@ import numpy as np
 from . import jit_math, qdot
 
 F = np.float32
-_GATE_UP = np.arange(2)
 
 
 def applies(w, experts) -> bool:
-    """Every one of the row's experts takes q8."""
-    return all(m.gate.acts == m.up.acts == m.down.acts == "q8" for m in map(w.experts.__getitem__, experts))
+    """Every one of the row's experts takes q8 (every expert of the layer,
+    looked at once: a step runs cold, and its Python with it)."""
+    got = w.__dict__.get("_q8_all")
+    if got is None:
+        got = w.__dict__["_q8_all"] = all(m.gate.acts == m.up.acts == m.down.acts == "q8" for m in w.experts)
+    return got or all(m.gate.acts == m.up.acts == m.down.acts == "q8" for m in map(w.experts.__getitem__, experts))
 
 
 def _tables(w, act: str | None):
@@ -48,11 +51,10 @@ def one_row(w, experts: np.ndarray, h: np.ndarray, shared_act: str | None = None
     calls (shared_act: the shared expert's activation; None: not asked)."""
     gu_table, down_table, joined = _tables(w, shared_act)
     joined = joined and shared_act is not None
-    E, k = len(w.experts), len(experts)
-    sel = (2 * experts[:, None] + _GATE_UP).reshape(-1)
-    if joined:
-        sel = np.concatenate([sel, [2 * E, 2 * E + 1]])
-    gu = gu_table.each(sel, np.ascontiguousarray(h, F), x_rows=1)
-    a = jit_math.silu(gu[0::2], times=gu[1::2])                       # (k (+1), I)
-    ys = down_table.each(np.concatenate([experts, [E]]) if joined else experts, a)
+    k = len(experts)
+    downs = np.append(experts, len(w.experts)) if joined else experts     # the shared expert last
+    gates = 2 * downs
+    gu = gu_table.each(np.concatenate([gates, gates + 1]), np.ascontiguousarray(h, F), x_rows=1)
+    a = jit_math.silu(gu[:len(gates)], times=gu[len(gates):])            # (k (+1), I): gates, then ups
+    ys = down_table.each(downs, a)
     return ys[None, :k], (ys[k:] if joined else None)

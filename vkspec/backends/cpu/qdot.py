@@ -208,8 +208,10 @@ def gemv(w: QWeight, x: np.ndarray) -> np.ndarray:
     return gemvs((w,), x)[0]
 
 
-_MAT = np.dtype([(name, np.int32 if t is ctypes.c_int32 else np.int64) for name, t in Mat._fields_])
-assert _MAT.itemsize == ctypes.sizeof(Mat)
+# a Mat as 10 int64 words (fmt and pad share the first): plain integer rows, the fast NumPy paths
+_WORDS = ctypes.sizeof(Mat) // 8
+_Y = Mat.y.offset // 8
+assert ctypes.sizeof(Mat) == 8 * _WORDS and Mat.y_stride.offset == 8 * (_Y + 1)
 
 
 class Table:
@@ -220,13 +222,14 @@ class Table:
 
     def __init__(self, ws):
         self.keep = [_mat(w) for w in ws]                 # what the pointers point into
-        self.mats = np.frombuffer(b"".join(bytes(k[0]) for k in self.keep), _MAT).copy()
+        self.mats = np.frombuffer(b"".join(bytes(k[0]) for k in self.keep), np.int64).reshape(len(ws), _WORDS).copy()
         self.rows, cols = ws[0].rows, ws[0].cols
         assert all(w.rows == self.rows and w.cols == cols for w in ws)
-        self.mats["y_stride"] = self.rows
+        self.mats[:, _Y + 1] = self.rows
         self.y_step = 4 * self.rows * np.arange(len(ws), dtype=np.int64)   # output j's offset in bytes
         self.x_step = 4 * cols * np.arange(len(ws), dtype=np.int64)        # input row j's
         self.ones, self.zeros = np.ones(len(ws), np.int64), np.zeros(len(ws), np.int64)
+        self.ones_at = _addr(self.ones)
 
     def each(self, sel: np.ndarray, xs: np.ndarray, x_rows: int = 0) -> np.ndarray:
         """Weight sel[j] against one row of xs: xs[j] (xs (len(sel), cols)),
@@ -235,9 +238,9 @@ class Table:
         mats = self.mats[sel]
         assert xs.dtype == np.float32 and xs.flags.c_contiguous and xs.shape[0] == (1 if x_rows else n)
         y = np.empty((n, self.rows), np.float32)
-        mats["y"] = _addr(y) + self.y_step[:n]
+        mats[:, _Y] = _addr(y) + self.y_step[:n]
         ptrs = _addr(xs) + (self.zeros if x_rows else self.x_step)[:n]
-        if lib().vk_q8_gemvs_each(mats.ctypes.data, n, ptrs.ctypes.data, self.ones.ctypes.data, THREADS):
+        if lib().vk_q8_gemvs_each(_addr(mats), n, _addr(ptrs), self.ones_at, THREADS):
             raise MemoryError("q8 GEMV: out of memory for its buffers")
         return y
 
