@@ -17,10 +17,60 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import numba_cache  # noqa: I001  (first: where numba caches)
+from numba import njit
+
 from ...weights import DeltaW, LayerW
 from . import jit_math, qdot
 
 F = np.float32
+_OP = jit_math.ELEMENTWISE_OPS
+_SILU, _SIGMOID, _SOFTPLUS, _EXP = _OP["silu"], _OP["sigmoid"], _OP["softplus"], _OP["exp"]
+_EPS = F(1e-6)                      # ops.l2norm's
+
+
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def _prep(window, taps, ba, dt_bias, neg_exp_a, scale, nk, dk, rep, mixed, q, k, beta, decay):
+    """The block's conv and the delta rule's inputs in one call, each value
+    through the kernel ops' path takes (jit_math's conv taps, elementwise
+    ops and row norms, on the same contiguous copies): mixed = silu(conv);
+    q, k (n, nv, dk) = l2norm(q) * scale and l2norm(k), repeated to the
+    value heads by rep; beta = sigmoid(b); decay = exp(neg_exp_a *
+    softplus(a + dt_bias))."""
+    n, cd = mixed.shape
+    nv = rep.shape[0]
+    none = np.empty(0, np.float32)
+    conv = np.empty((n, cd), np.float32)
+    jit_math._conv_taps(window, taps, conv)
+    jit_math._elementwise_kernel(conv.reshape(n * cd), mixed.reshape(n * cd), _SILU, none)
+    qk = np.empty((2, n * nk, dk), np.float32)
+    for r in range(n):
+        for j in range(nk * dk):
+            qk[0, r * nk + j // dk, j % dk] = mixed[r, j]
+            qk[1, r * nk + j // dk, j % dk] = mixed[r, nk * dk + j]
+    normed = np.empty((2, n * nk, dk), np.float32)
+    ones = np.ones(dk, np.float32)
+    for i in range(2):
+        jit_math._rms_rows(qk[i], ones, qk[i], _EPS, jit_math._ONE, False, normed[i])
+    for r in range(n):
+        for h in range(nv):
+            g = r * nk + rep[h]
+            for j in range(dk):
+                q[r, h, j] = normed[0, g, j] * scale
+                k[r, h, j] = normed[1, g, j]
+    b = np.empty(n * nv, np.float32)
+    a = np.empty(n * nv, np.float32)
+    for r in range(n):
+        for h in range(nv):
+            b[r * nv + h] = ba[r, h]
+            a[r * nv + h] = ba[r, nv + h] + dt_bias[h]
+    jit_math._elementwise_kernel(b, beta.reshape(n * nv), _SIGMOID, none)
+    sp = np.empty(n * nv, np.float32)
+    jit_math._elementwise_kernel(a, sp, _SOFTPLUS, none)
+    for r in range(n):
+        for h in range(nv):
+            sp[r * nv + h] = neg_exp_a[h] * sp[r * nv + h]
+    jit_math._elementwise_kernel(sp, decay.reshape(n * nv), _EXP, none)
 
 
 def deltanet_mode(lw: LayerW) -> str | None:
@@ -43,6 +93,7 @@ class DeltaNetCalls:
         self.scale = F(self.dk ** -0.5)
         nk, nv = self.nk, self.nv
         self.rep = np.arange(nv) % nk if c.linear_v_tiled else np.arange(nv) // (nv // nk)
+        self.dt_bias, self.neg_exp_a = (np.ascontiguousarray(a, F) for a in (w.dt_bias, w.neg_exp_a))
 
     def mixer(self, lw, h, pos, rope, ring, ssm, kept=None, room=None, src=None):
         """CpuModel.deltanet of h = (x, norm name)."""
@@ -52,16 +103,12 @@ class DeltaNetCalls:
         proj = np.concatenate(self.proj(jit_math.rmsnorm(x, self.norms[h[1]], self.eps)), axis=-1)
         qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
         window = np.concatenate([ring0, qkvz[:, :cd]], axis=0)
-        conv = np.empty((n, cd), F)
-        jit_math._conv_taps(window, self.taps, conv)
-        mixed = jit_math.silu(conv)
-        q = jit_math.l2norm(mixed[:, :nk * dk].reshape(n, nk, dk), 1e-6) * self.scale
-        k = jit_math.l2norm(mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk), 1e-6)
-        beta = jit_math.sigmoid(ba[:, :nv])
-        decay = jit_math.exp(w.neg_exp_a * jit_math.softplus(ba[:, nv:] + w.dt_bias))
+        mixed, q, k = np.empty((n, cd), F), np.empty((n, nv, dk), F), np.empty((n, nv, dk), F)
+        beta, decay = np.empty((n, nv), F), np.empty((n, nv), F)
+        _prep(window, self.taps, np.ascontiguousarray(ba), self.dt_bias, self.neg_exp_a, self.scale, nk, dk,
+              self.rep, mixed, q, k, beta, decay)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
-        out, snaps = jit_math.deltanet_scan(ssm, q[:, self.rep], k[:, self.rep], v, beta, decay, len(kept), room,
-                                            ssm0)
+        out, snaps = jit_math.deltanet_scan(ssm, q, k, v, beta, decay, len(kept), room, ssm0)
         K = self.taps.shape[0]
         for i in range(len(kept)):
             kept[i][0].append(window[i + 1:i + K].copy())
@@ -69,3 +116,13 @@ class DeltaNetCalls:
         ring[:] = window[n:]
         o = jit_math.rmsnorm(out, w.norm, self.eps, qkvz[:, cd:].reshape(n, nv, dv))
         return self.out(o.reshape(n, nv * dv))[0]
+
+
+def machine_code() -> str:
+    """_prep's assembly (numba_cache.machine_code)."""
+    n, nk, dk, nv = 1, 1, 4, 2
+    cd = 2 * nk * dk + nv * dk
+    args = (np.ones((4, cd), F), np.ones((4, cd), F), np.ones((n, 2 * nv), F), np.ones(nv, F), np.ones(nv, F),
+            F(0.5), nk, dk, np.zeros(nv, np.int64), np.empty((n, cd), F), np.empty((n, nv, dk), F),
+            np.empty((n, nv, dk), F), np.empty((n, nv), F), np.empty((n, nv), F))
+    return "\n".join(numba_cache.machine_code(_prep, *args))
