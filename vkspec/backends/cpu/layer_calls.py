@@ -3,8 +3,8 @@ counterpart of the device's recorded sequence. CpuModel.layer walks the
 layer's graph (vkspec.layer_graph) and calls these for the sublayers that
 have them, and ops' general path for the others.
 
-A sublayer is prepared when it is attention without an output gate
-(attention_mode) or one MLP (mlp_mode), and its matrices all take q8 or are
+A sublayer is prepared when it is attention (attention_mode; the hybrids'
+output gate too) or one MLP (mlp_mode), and its matrices all take q8 or are
 all in blocks: every layer of SmolLM2, Llama, Qwen2, Qwen3 (biases, q/k
 norms) and Gemma 3 (sandwich norms), Qwen3-MoE's attention, the hybrids'
 dense MLPs; or a Gated DeltaNet whose projections take q8 (deltanet_calls). A prepared attention is one GEMV call for q, k and v, one of
@@ -50,7 +50,7 @@ def _mode(mats) -> str | None:
 
 def attention_mode(lw: LayerW) -> str | None:
     a = lw.mixer
-    if lw.kind != "full_attention" or not isinstance(a, AttnW) or a.gated:
+    if lw.kind != "full_attention" or not isinstance(a, AttnW):
         return None
     return _mode((a.q, a.k, a.v, a.o))
 
@@ -83,7 +83,7 @@ class LayerCalls:
             self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
         if self.attn:
             self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-            self.scale, self.window = F(cfg.scores_scale), int(a.window)
+            self.scale, self.window, self.gated = F(cfg.scores_scale), int(a.window), a.gated
             self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
             self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd)
                                         for w in (a.q_norm, a.k_norm))
@@ -112,6 +112,9 @@ class LayerCalls:
             qkv = [np.empty((n, r), F) for r in self.qkv_rows]
             jit_blocks._gemv(*self.qkv, x, norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
+        if self.gated:                              # q_proj's rows: [q | gate] per head
+            q = q.reshape(n, self.nh, 2 * self.hd)
+            q, gate = q[:, :, :self.hd], q[:, :, self.hd:].reshape(n, self.nh * self.hd)
         if self.q_norm is not None:                 # per head: rows of hd
             q = jit_math.rmsnorm(q.reshape(n, self.nh, self.hd), self.q_norm, self.eps)
         if self.k_norm is not None:
@@ -124,6 +127,8 @@ class LayerCalls:
                            k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd),
                            np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
         att = att.reshape(n, self.nh * self.hd)
+        if self.gated:
+            att = att * jit_math.sigmoid(gate)
         if self.attn == "q8":
             o = self.o(att)[0]
         else:
