@@ -128,3 +128,11 @@ def test_a_graph_the_backends_cannot_run_is_refused_in_one_line(steps, why):
 def test_an_unknown_sublayer_is_refused_in_one_line():
     with pytest.raises(VkspecError, match="a sublayer is one of mixer, ffn"):
         Sub("attention")
+
+
+def test_the_norms_a_graph_reads():
+    """The loader reads a graph's norms; the MTP head's earlier rows write
+    their KV from the mixer's own input norm, wherever the mixer comes."""
+    ffn_first = LayerGraph("ffn first", (Norm("a"), Sub("ffn"), Add("ffn", "c"), Norm("b"), Sub("mixer"), Add("mixer")))
+    assert ffn_first.norm_names == ("a", "c", "b") and ffn_first.mixer_norm == "b" and ffn_first.out_norms
+    assert PARALLEL.norm_names == ("input_layernorm",) and not PARALLEL.out_norms

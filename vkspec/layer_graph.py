@@ -86,9 +86,10 @@ class LayerGraph:
         return tuple(dict.fromkeys(n for n in names if n is not None))
 
     @property
-    def first_norm(self) -> str:
+    def mixer_norm(self) -> str:
         """The norm of the mixer's input (what the MTP head's earlier rows write their KV from)."""
-        return next(s.weight for s in self.steps if isinstance(s, Norm))
+        at = self.steps.index(Sub(Sublayer.MIXER))
+        return next(s.weight for s in reversed(self.steps[:at]) if isinstance(s, Norm))
 
     @property
     def out_norms(self) -> bool:

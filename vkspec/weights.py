@@ -74,7 +74,7 @@ class LayerW:
     @property
     def in_norm(self) -> np.ndarray:
         """The norm of the mixer's input."""
-        return self.norms[self.graph.first_norm]
+        return self.norms[self.graph.mixer_norm]
 
 
 @dataclass
