@@ -80,19 +80,35 @@ def deltanet_mode(lw: LayerW) -> str | None:
     return "q8"
 
 
+def head_map(cfg) -> np.ndarray:
+    """The key head each value head reads: j % nk in llama.cpp's tiled order
+    (ModelConfig.linear_v_tiled), else j // (nv / nk)."""
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    return np.arange(nv) % nk if cfg.linear_v_tiled else np.arange(nv) // (nv // nk)
+
+
+def keep_states(kept, window, snaps, ring) -> None:
+    """After a block: the conv window and the state after each kept row into
+    ``kept`` (HostState's copy slots), the ring moved on to the block's end."""
+    r = ring.shape[0]
+    for i in range(len(kept)):
+        kept[i][0].append(window[i + 1:i + 1 + r].copy())
+        kept[i][1].append(snaps[i])
+    ring[:] = window[window.shape[0] - r:]
+
+
 class DeltaNetCalls:
-    def __init__(self, lw: LayerW, cfg):
+    def __init__(self, lw: LayerW, cfg, norms: dict, eps):
+        """norms, eps: the layer's norm weights and epsilon as LayerCalls holds them."""
         w, c = lw.mixer, cfg
-        self.w, self.eps = w, F(c.rms_norm_eps)
-        self.norms = {name: jit_math._weight(v, lw.in_norm.shape[0]) for name, v in lw.norms.items()}
+        self.w, self.eps, self.norms = w, eps, norms
         self.proj, self.out = qdot._call(w.proj), qdot._call([w.out])
         self.nk, self.nv, self.dk, self.dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                                               c.linear_key_head_dim, c.linear_value_head_dim)
         self.cd = 2 * self.nk * self.dk + self.nv * self.dv
         self.taps = np.ascontiguousarray(np.asarray(w.conv, F).T)      # (K, cd): jit_math.conv_taps' rows
         self.scale = F(self.dk ** -0.5)
-        nk, nv = self.nk, self.nv
-        self.rep = np.arange(nv) % nk if c.linear_v_tiled else np.arange(nv) // (nv // nk)
+        self.rep = head_map(c)
         self.dt_bias, self.neg_exp_a = (np.ascontiguousarray(a, F) for a in (w.dt_bias, w.neg_exp_a))
 
     def mixer(self, lw, h, pos, rope, ring, ssm, kept=None, room=None, src=None):
@@ -109,11 +125,7 @@ class DeltaNetCalls:
               self.rep, mixed, q, k, beta, decay)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
         out, snaps = jit_math.deltanet_scan(ssm, q, k, v, beta, decay, len(kept), room, ssm0)
-        K = self.taps.shape[0]
-        for i in range(len(kept)):
-            kept[i][0].append(window[i + 1:i + K].copy())
-            kept[i][1].append(snaps[i])
-        ring[:] = window[n:]
+        keep_states(kept, window, snaps, ring)
         o = jit_math.rmsnorm(out, w.norm, self.eps, qkvz[:, cd:].reshape(n, nv, dv))
         return self.out(o.reshape(n, nv * dv))[0]
 

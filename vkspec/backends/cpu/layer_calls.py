@@ -60,11 +60,6 @@ def mlp_mode(lw: LayerW) -> str | None:
     return _mode((f.gate, f.up, f.down)) if isinstance(f, MlpW) else None
 
 
-def qualifies(lw: LayerW) -> bool:
-    """Both sublayers prepared (the layer never takes ops' general path)."""
-    return attention_mode(lw) is not None and mlp_mode(lw) is not None
-
-
 class LayerCalls:
     """A layer's prepared sublayers and adds for CpuModel.layer's steps: the
     attention mixer where attention_mode() allows, the MLP where mlp_mode()
@@ -94,7 +89,7 @@ class LayerCalls:
             self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
         self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
         self.act = jit_math.ELEMENTWISE_OPS[self.act_name]
-        self.delta = DeltaNetCalls(lw, cfg) if deltanet_mode(lw) else None
+        self.delta = DeltaNetCalls(lw, cfg, self.norms, self.eps) if deltanet_mode(lw) else None
         # what CpuModel.layer calls for each sublayer (None: the general path)
         self.run_mixer = self.mixer if self.attn else (None if self.delta is None else self.delta.mixer)
         self.run_ffn = self.ffn if self.mlp else None

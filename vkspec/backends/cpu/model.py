@@ -32,6 +32,7 @@ from ...layer_graph import Norm, Sub, Sublayer
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
 from . import ops
+from .deltanet_calls import head_map, keep_states
 from .layer_calls import layer_calls
 
 f32 = np.float32
@@ -244,18 +245,14 @@ class CpuModel:
         proj = np.concatenate(ops.gemvs(w.proj, h, norm), axis=-1)
         cd = 2 * nk * dk + nv * dv
         qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
-        K = w.conv.shape[1]
         mixed, window = ops.conv_step(ring0, qkvz[:, :cd], w.conv)
         q, k, beta, decay = ops.deltanet_prep(
             mixed[:, :nk * dk].reshape(n, nk, dk), mixed[:, nk * dk:2 * nk * dk].reshape(n, nk, dk),
             ba[:, :nv], ba[:, nv:], w.dt_bias, w.neg_exp_a, f32(dk ** -0.5))
-        rep = np.arange(nv) % nk if c.linear_v_tiled else np.arange(nv) // (nv // nk)
+        rep = head_map(c)
         v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
         out, snaps = ops.deltanet_scan(ssm, q[:, rep], k[:, rep], v, beta, decay, len(kept), room, ssm0)
-        for i in range(len(kept)):
-            kept[i][0].append(window[i + 1:i + K].copy())
-            kept[i][1].append(snaps[i])
-        ring[:] = window[n:]
+        keep_states(kept, window, snaps, ring)
         z = qkvz[:, cd:].reshape(n, nv, dv)
         o = ops.rmsnorm(out, w.norm, c.rms_norm_eps, z=z).reshape(n, nv * dv)
         return ops.gemv(w.out, o)
