@@ -337,8 +337,9 @@ def test_compiled_rope_is_the_numpy_definition(rd, hd, monkeypatch):
 
 
 def test_compiled_math_has_no_fused_multiply_add():
-    from vkspec.backends.cpu import deltanet_calls, jit_route
-    asm = cpu_jit_math.machine_code() + jit_route.machine_code() + deltanet_calls.machine_code()
+    from vkspec.backends.cpu import deltanet_calls, jit_route, jit_sublayer
+    asm = (cpu_jit_math.machine_code() + jit_route.machine_code() + deltanet_calls.machine_code()
+           + jit_sublayer.machine_code())
     assert "mulss" in asm or "mulps" in asm
     assert "vfmadd" not in asm and "vfmsub" not in asm and "vfnmadd" not in asm
 

@@ -7,15 +7,19 @@ A sublayer is prepared when it is attention (attention_mode; the hybrids'
 output gate too) or one MLP (mlp_mode), and its matrices all take q8 or are
 all in blocks: every layer of SmolLM2, Llama, Qwen2, Qwen3 (biases, q/k
 norms) and Gemma 3 (sandwich norms), Qwen3-MoE's attention, the hybrids'
-dense MLPs; or a Gated DeltaNet whose projections take q8 (deltanet_calls). A prepared attention is one GEMV call for q, k and v, one of
-jit_attend._attend and one for o; a prepared MLP one call for gate and up
-and one for down (jit_blocks._gemv with f32 activations; with q8 ones,
-qdot's calls after the same jit_math norm and activation calls as ops' q8
-path), with exactly the arguments model.CpuModel's general path builds
-through ops (gemvs with the input norm, rope_attend, gemv, gemvs with the
-post norm, act_gemv), between them the same NumPy adds for biases and
-residuals and the same jit_math.rmsnorm calls for the q/k and sandwich
-norms: the same kernels on the same arrays, so the same bits.
+dense MLPs; or a Gated DeltaNet whose projections take q8
+(deltanet_calls).
+
+With q8 activations a prepared attention or MLP is one compiled call
+(jit_sublayer: the kernels of ops' q8 path, with no Python between them).
+With f32 ones, an attention is one GEMV call for q, k and v, one of
+jit_attend._attend and one for o, and an MLP one call for gate and up and
+one for down (jit_blocks._gemv), with exactly the arguments
+model.CpuModel's general path builds through ops (gemvs with the input
+norm, rope_attend, gemv, gemvs with the post norm, act_gemv), between them
+the same NumPy adds for biases and the same jit_math.rmsnorm calls for the
+q/k norms. Either way: the same kernels on the same values, so the same
+bits.
 
 Why: the general path builds those arguments again on every call (ops
 wrappers, reshapes, checks, _call_args lookups), a large part of a small
@@ -31,7 +35,7 @@ import numpy as np
 
 from ...formats.matrix import QWeight
 from ...weights import AttnW, LayerW, MlpW
-from . import jit, jit_attend, jit_blocks, jit_math, qdot
+from . import jit, jit_attend, jit_blocks, jit_math, jit_qdot, jit_sublayer, qdot
 from .deltanet_calls import DeltaNetCalls, deltanet_mode
 
 F = np.float32
@@ -71,8 +75,10 @@ class LayerCalls:
         self.eps = F(cfg.rms_norm_eps)
         self.norms = {name: jit_math._weight(w, H) for name, w in lw.norms.items()}
         self.attn, self.mlp = attention_mode(lw), mlp_mode(lw)
-        if self.attn == "q8":
-            self.qkv, self.o = qdot._call([a.q, a.k, a.v]), qdot._call([a.o])
+        self.inv_h = F(1.0 / H)                     # jit_math.rmsnorm's 1/K
+        if self.attn == "q8":                       # words: jit_sublayer's Mats; keep: what they point into
+            (self.qkv_words, k1), (self.o_words, k2) = qdot.mat_words([a.q, a.k, a.v]), qdot.mat_words([a.o])
+            self.keep = (k1, k2)
         elif self.attn:
             self.qkv, self.qkv_rows = jit_blocks._call_args([a.q, a.k, a.v], True)
             self.o, (self.o_rows,) = jit_blocks._call_args([a.o], True)
@@ -82,8 +88,13 @@ class LayerCalls:
             self.biases = [None if b is None else np.asarray(b, F) for b in (a.q_bias, a.k_bias, a.v_bias, a.o_bias)]
             self.q_norm, self.k_norm = (None if w is None else jit_math._weight(w, self.hd)
                                         for w in (a.q_norm, a.k_norm))
+            # jit_sublayer.attention_q8's arguments from the biases to the head count (empty: none)
+            self.q8_args = (*(np.zeros(0, F) if b is None else np.ascontiguousarray(b, F) for b in self.biases),
+                            *(np.zeros(0, F) if w is None else w for w in (self.q_norm, self.k_norm)),
+                            F(1.0 / self.hd), self.nh, self.nkv, self.hd, bool(self.gated))
         if self.mlp == "q8":
-            self.gu, self.down = qdot._call([f.gate, f.up]), qdot._call([f.down])
+            (self.gu_words, k1), (self.down_words, k2) = qdot.mat_words([f.gate, f.up]), qdot.mat_words([f.down])
+            self.keep_mlp, self.inter = (k1, k2), f.gate.rows
         elif self.mlp:
             self.gu, self.gu_rows = jit_blocks._call_args([f.gate, f.up], True)
             self.down, (self.down_rows,) = jit_blocks._call_args([f.down], True)
@@ -101,11 +112,15 @@ class LayerCalls:
     def mixer(self, lw, h, pos, rope, kc, vc, *_):
         x, norm = np.ascontiguousarray(h[0], dtype=F), self.norms[h[1]]
         n = x.shape[0]
+        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+        pos = np.ascontiguousarray(pos, dtype=np.int64)
+        cos, sin = (np.ascontiguousarray(t, dtype=F) for t in rope)
         if self.attn == "q8":
-            qkv = self.qkv(jit_math.rmsnorm(x, norm, self.eps))
-        else:
-            qkv = [np.empty((n, r), F) for r in self.qkv_rows]
-            jit_blocks._gemv(*self.qkv, x, norm, self.eps, _NONE2, 0, *qkv)
+            jit_qdot.bind()
+            return jit_sublayer.attention_q8(x, norm, self.eps, self.inv_h, self.qkv_words, self.o_words, *self.q8_args,
+                                             kc, vc, pos, self.window, self.scale, cos, sin, qdot.THREADS)
+        qkv = [np.empty((n, r), F) for r in self.qkv_rows]
+        jit_blocks._gemv(*self.qkv, x, norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
         if self.gated:                              # q_proj's rows: [q | gate] per head
             q = q.reshape(n, self.nh, 2 * self.hd)
@@ -115,29 +130,22 @@ class LayerCalls:
         if self.k_norm is not None:
             k = jit_math.rmsnorm(k.reshape(n, self.nkv, self.hd), self.k_norm, self.eps)
         att = np.empty((n, self.nh, self.hd), F)
-        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
-        pos = np.ascontiguousarray(pos, dtype=np.int64)
-        cos, sin = rope
         jit_attend._attend(q.reshape(n * self.nh, self.hd), self.nh, kc, vc, pos + 1, self.window, self.scale, att,
-                           k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd),
-                           np.ascontiguousarray(cos, dtype=F), np.ascontiguousarray(sin, dtype=F), pos)
+                           k.reshape(n, self.nkv, self.hd), v.reshape(n, self.nkv, self.hd), cos, sin, pos)
         att = att.reshape(n, self.nh * self.hd)
         if self.gated:
             att = att * jit_math.sigmoid(gate)
-        if self.attn == "q8":
-            o = self.o(att)[0]
-        else:
-            o = np.empty((n, self.o_rows), F)
-            jit_blocks._gemv(*self.o, att, _NONE1, F(0), _NONE2, 0, o, o, o)
+        o = np.empty((n, self.o_rows), F)
+        jit_blocks._gemv(*self.o, att, _NONE1, F(0), _NONE2, 0, o, o, o)
         return o if self.biases[3] is None else o + self.biases[3]
 
     def ffn(self, lw, h):
         x, norm = h[0], self.norms[h[1]]
         n = x.shape[0]
         if self.mlp == "q8":
-            g, u = self.gu(jit_math.rmsnorm(x, norm, self.eps))
-            a = jit_math.gelu_tanh(g, times=u) if self.act_name == "gelu_tanh" else jit_math.silu(g, times=u)
-            return self.down(a)[0]
+            jit_qdot.bind()
+            return jit_sublayer.mlp_q8(np.ascontiguousarray(x, dtype=F), norm, self.eps, self.inv_h, self.gu_words,
+                                       self.down_words, self.inter, self.act, qdot.THREADS)
         g, u = (np.empty((n, r), F) for r in self.gu_rows)
         jit_blocks._gemv(*self.gu, x, norm, self.eps, _NONE2, 0, g, u, g)
         d = np.empty((n, self.down_rows), F)

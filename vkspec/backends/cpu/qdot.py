@@ -214,6 +214,16 @@ _Y = Mat.y.offset // 8
 assert ctypes.sizeof(Mat) == 8 * _WORDS and Mat.y_stride.offset == 8 * (_Y + 1)
 
 
+def mat_words(ws) -> tuple[np.ndarray, list]:
+    """(the Mats of ws as an int64 array (len(ws), _WORDS), what their
+    pointers point into): plain integer rows that NumPy indexes and compiled
+    callers (jit_qdot) fill in, each output's stride its matrix's rows."""
+    keep = [_mat(w) for w in ws]
+    words = np.frombuffer(b"".join(bytes(k[0]) for k in keep), np.int64).reshape(len(ws), _WORDS).copy()
+    words[:, _Y + 1] = [w.rows for w in ws]
+    return words, keep
+
+
 class Table:
     """The Mats of many weights of one shape (a MoE layer's gates and ups, or
     its downs) as one NumPy array: a call over any of them picks its rows by
@@ -221,11 +231,9 @@ class Table:
     bits as gemvs_each."""
 
     def __init__(self, ws):
-        self.keep = [_mat(w) for w in ws]                 # what the pointers point into
-        self.mats = np.frombuffer(b"".join(bytes(k[0]) for k in self.keep), np.int64).reshape(len(ws), _WORDS).copy()
+        self.mats, self.keep = mat_words(ws)               # keep: what the pointers point into
         self.rows, cols = ws[0].rows, ws[0].cols
         assert all(w.rows == self.rows and w.cols == cols for w in ws)
-        self.mats[:, _Y + 1] = self.rows
         self.y_step = 4 * self.rows * np.arange(len(ws), dtype=np.int64)   # output j's offset in bytes
         self.x_step = 4 * cols * np.arange(len(ws), dtype=np.int64)        # input row j's
         self.ones, self.zeros = np.ones(len(ws), np.int64), np.zeros(len(ws), np.int64)
@@ -245,4 +253,4 @@ class Table:
         return y
 
 
-__all__ = ["Q8Rows", "Table", "quantize", "gemvs", "gemvs_each", "gemv", "variant", "lib"]
+__all__ = ["Q8Rows", "Table", "mat_words", "quantize", "gemvs", "gemvs_each", "gemv", "variant", "lib"]
