@@ -239,7 +239,7 @@ def test_one_rows_experts_are_the_general_paths_and_the_definitions(monkeypatch)
             bits_equal(one, among[1:2])
             bits_equal(one, definition)
         else:
-            assert w.__dict__["_q8_tables_silu"][2] == (sh is shared[0])
+            assert w.__dict__["_q8_tables_silu"].joined == (sh is shared[0])
             bits_equal(one[0], among[0][1:2])
             bits_equal(one[1], among[1][1:2])
             bits_equal(one[0], definition[0])

@@ -1,6 +1,9 @@
 """qdot's C calls from numba code: ``q8_gemvs(mats, count, x, threads)`` in a
 compiled kernel is vk_q8_gemvs of the library qdot chooses (its Python
-twin is qdot.gemvs), with no Python between it and the kernel's other steps.
+twin is qdot.gemvs), and ``q8_gemvs_each(mats, count, xs, ns, threads)``
+vk_q8_gemvs_each (qdot.gemvs_each: matrix j against its own input, xs[j]'s
+address and ns[j] rows), with no Python between them and the kernel's other
+steps.
 
 Why: a sublayer's GEMVs, norms, activations and attention as one compiled
 call (jit_sublayer) cost one dispatch from Python instead of a dozen, and a
@@ -26,50 +29,72 @@ import ctypes
 
 from . import numba_cache  # noqa: F401,I001  (first: where numba caches)
 import llvmlite.binding as llvm
-import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import qdot
 
 Y = qdot._Y                                         # a Mat row's output address; Y + 1: its stride
 _CELL_NAME = "vkspec_q8_gemvs_cell"
-_CELL = (ctypes.c_void_p * 1)()
+_CELL = (ctypes.c_void_p * 2)()                    # vk_q8_gemvs, vk_q8_gemvs_each
 _BOUND: list = [None]
 llvm.add_symbol(_CELL_NAME, ctypes.addressof(_CELL))
 
 
 def bind() -> None:
-    """The cell points at vk_q8_gemvs of the library qdot.lib() chooses."""
+    """The cell points at the entry points of the library qdot.lib() chooses."""
     lib = qdot.lib()
     if _BOUND[0] is not lib:
-        _CELL[0] = ctypes.cast(lib.vk_q8_gemvs, ctypes.c_void_p).value
+        _CELL[0], _CELL[1] = (ctypes.cast(f, ctypes.c_void_p).value for f in (lib.vk_q8_gemvs, lib.vk_q8_gemvs_each))
         _BOUND[0] = lib
 
 
+def _cell_entry(builder, which: int, fnty):
+    """The function pointer in slot ``which`` of the cell."""
+    cell = builder.module.globals.get(_CELL_NAME)
+    if cell is None:
+        cell = ir.GlobalVariable(builder.module, ir.ArrayType(ir.PointerType(ir.IntType(8)), 2), _CELL_NAME)
+        cell.linkage = "external"
+    i32 = ir.IntType(32)
+    slot = builder.gep(cell, [ir.Constant(i32, 0), ir.Constant(i32, which)])
+    return builder.bitcast(builder.load(slot), ir.PointerType(fnty))
+
+
+def _c_array(t, dtype) -> bool:
+    return isinstance(t, types.Array) and t.dtype == dtype and t.layout == "C"
+
+
 @intrinsic
-def _call_cell(typingctx, mats, count, x, n, threads):
+def _gemvs_cell(typingctx, mats, count, x, n, threads):
     """vk_q8_gemvs(mats, count, x, n, threads) through the cell; its status."""
-    if not (isinstance(mats, types.Array) and mats.dtype == types.int64 and mats.layout == "C"
-            and isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+    if not (_c_array(mats, types.int64) and _c_array(x, types.float32)):
         return None
 
     def codegen(context, builder, sig, args):
         ptr, i64, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(64), ir.IntType(32)
-        fnty = ir.FunctionType(i32, [ptr, i32, ptr, i64, i32])
-        cell = builder.module.globals.get(_CELL_NAME)
-        if cell is None:
-            cell = ir.GlobalVariable(builder.module, ir.PointerType(fnty), _CELL_NAME)
-            cell.linkage = "external"
-        ma = context.make_array(sig.args[0])(context, builder, args[0])
-        xa = context.make_array(sig.args[2])(context, builder, args[2])
-        as32 = [builder.trunc(context.cast(builder, args[i], sig.args[i], types.int64), i32) for i in (1, 4)]
+        fn = _cell_entry(builder, 0, ir.FunctionType(i32, [ptr, i32, ptr, i64, i32]))
+        ma, xa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2))
+        count, thr = (builder.trunc(context.cast(builder, args[i], sig.args[i], types.int64), i32) for i in (1, 4))
         n = context.cast(builder, args[3], sig.args[3], types.int64)
-        return builder.call(builder.load(cell), [builder.bitcast(ma.data, ptr), as32[0], builder.bitcast(xa.data, ptr),
-                                                 n, as32[1]])
+        return builder.call(fn, [builder.bitcast(ma.data, ptr), count, builder.bitcast(xa.data, ptr), n, thr])
     return types.int32(mats, count, x, n, threads), codegen
+
+
+@intrinsic
+def _each_cell(typingctx, mats, count, xs, ns, threads):
+    """vk_q8_gemvs_each(mats, count, xs, ns, threads) through the cell; its status."""
+    if not (_c_array(mats, types.int64) and _c_array(xs, types.int64) and _c_array(ns, types.int64)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(32)
+        fn = _cell_entry(builder, 1, ir.FunctionType(i32, [ptr, i32, ptr, ptr, i32]))
+        ma, xa, na = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 2, 3))
+        count, thr = (builder.trunc(context.cast(builder, args[i], sig.args[i], types.int64), i32) for i in (1, 4))
+        return builder.call(fn, [builder.bitcast(ma.data, ptr), count, builder.bitcast(xa.data, ptr),
+                                 builder.bitcast(na.data, ptr), thr])
+    return types.int32(mats, count, xs, ns, threads), codegen
 
 
 @njit(inline="always", boundscheck=False)
@@ -83,6 +108,14 @@ def set_output(mats, i, y):
 def q8_gemvs(mats, count, x, threads):
     """qdot.gemvs: every row of x (n, cols) against matrices 0..count-1 of
     mats, into the outputs set_output gave them."""
-    if _call_cell(mats, count, x, x.shape[0], threads):
+    if _gemvs_cell(mats, count, x, x.shape[0], threads):
+        raise MemoryError("q8 GEMV: out of memory for its buffers")
+
+
+@njit(inline="always", boundscheck=False)
+def q8_gemvs_each(mats, count, xs, ns, threads):
+    """qdot.gemvs_each: matrix j of mats (j < count) against the ns[j] rows
+    at address xs[j], into the output set_output (or its words) gave it."""
+    if _each_cell(mats, count, xs, ns, threads):
         raise MemoryError("q8 GEMV: out of memory for its buffers")
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats.matrix import QWeight
-from ...weights import AttnW, LayerW, MlpW
+from ...weights import AttnW, LayerW, MlpW, MoeW
 from . import jit, jit_attend, jit_blocks, jit_math, jit_qdot, jit_sublayer, qdot
 from .deltanet_calls import DeltaNetCalls, deltanet_mode
+from .expert_table import MoeRow
 
 F = np.float32
 _NONE1, _NONE2 = jit_blocks._NONE1, jit_blocks._NONE2
@@ -101,6 +102,7 @@ class LayerCalls:
         self.act_name = "gelu_tanh" if cfg.hidden_act == "gelu_tanh" else "silu"
         self.act = jit_math.ELEMENTWISE_OPS[self.act_name]
         self.delta = DeltaNetCalls(lw, cfg, self.norms, self.eps) if deltanet_mode(lw) else None
+        self.moe_row = MoeRow(f, cfg) if isinstance(f, MoeW) and MoeRow.qualifies(f, cfg) else None
         # what CpuModel.layer calls for each sublayer (None: the general path)
         self.run_mixer = self.mixer if self.attn else (None if self.delta is None else self.delta.mixer)
         self.run_ffn = self.ffn if self.mlp else None
@@ -160,6 +162,7 @@ def layer_calls(lw: LayerW, cfg) -> LayerCalls | None:
         return None
     got = lw.__dict__.get("_layer_calls", False)
     if got is False:
-        got = LayerCalls(lw, cfg) if attention_mode(lw) or mlp_mode(lw) or deltanet_mode(lw) else None
+        got = (LayerCalls(lw, cfg) if attention_mode(lw) or mlp_mode(lw) or deltanet_mode(lw)
+               or (isinstance(lw.ffn, MoeW) and MoeRow.qualifies(lw.ffn, cfg)) else None)
         lw.__dict__["_layer_calls"] = got
     return got

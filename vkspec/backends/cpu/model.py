@@ -161,6 +161,9 @@ class CpuModel:
         of x that adds them (moe_combine takes the residual itself)."""
         x, norm = h[0], (lw.norms[h[1]], self.cfg.rms_norm_eps)
         if isinstance(lw.ffn, MoeW):
+            calls = layer_calls(lw, self.cfg)
+            if calls is not None and calls.moe_row is not None and x.shape[0] == 1:     # a decode row: one call
+                return lambda res: calls.moe_row(x, res, calls.norms[h[1]], calls.eps, calls.inv_h)
             hn = ops.rmsnorm(x, *norm)
             return lambda res: self.moe(lw.ffn, hn, res)
         return self.mlp(lw.ffn, x, norm)
