@@ -21,7 +21,9 @@ from . import numba_cache  # noqa: I001  (first: where numba caches)
 from numba import njit
 
 from ...weights import DeltaW, LayerW
-from . import jit_math, qdot
+from . import jit_math, jit_qdot, qdot
+from .jit_qdot import Y, q8_gemvs, set_output
+from .jit_sublayer import _normed
 
 F = np.float32
 _OP = jit_math.ELEMENTWISE_OPS
@@ -73,6 +75,51 @@ def _prep(window, taps, ba, dt_bias, neg_exp_a, scale, nk, dk, rep, mixed, q, k,
     jit_math._elementwise_kernel(sp, decay.reshape(n * nv), _EXP, none)
 
 
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def _head(x, norm, eps, inv_h, proj, widths, ring0, taps, dt_bias, neg_exp_a, scale, nk, dk, nv, dv, rep, threads):
+    """Everything before the scan, in one call: the projections of
+    rmsnorm(x) (each matrix's rows written beside the last's: the
+    concatenated [q | k | v | z | b | a] rows), the conv window (ring0, then
+    the block's q, k, v columns) and _prep's inputs of the delta rule.
+    Returns (window, mixed, q, k, beta, decay, z)."""
+    n = x.shape[0]
+    h = _normed(x, norm, eps, inv_h)
+    total = 0
+    for i in range(widths.shape[0]):
+        total += widths[i]
+    rows = np.empty((n, total), F)
+    at = 0
+    for i in range(widths.shape[0]):
+        proj[i, Y] = rows.ctypes.data + 4 * at
+        proj[i, Y + 1] = total
+        at += widths[i]
+    q8_gemvs(proj, widths.shape[0], h, threads)
+    cd = 2 * nk * dk + nv * dv
+    r0 = ring0.shape[0]
+    window = np.empty((r0 + n, cd), F)
+    window[:r0] = ring0
+    window[r0:] = rows[:, :cd]
+    ba = np.ascontiguousarray(rows[:, cd + nv * dv:])
+    z = np.ascontiguousarray(rows[:, cd:cd + nv * dv])
+    mixed, q, k = np.empty((n, cd), F), np.empty((n, nv, dk), F), np.empty((n, nv, dk), F)
+    beta, decay = np.empty((n, nv), F), np.empty((n, nv), F)
+    _prep(window, taps, ba, dt_bias, neg_exp_a, scale, nk, dk, rep, mixed, q, k, beta, decay)
+    return window, mixed, q, k, beta, decay, z
+
+
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def _tail(out, norm, eps, inv_dv, z, o_words, hidden, threads):
+    """After the scan, in one call: the gated norm of the heads' outputs
+    (jit_math.rmsnorm with z) and the out projection. Returns (n, hidden)."""
+    n, nv, dv = out.shape
+    o = np.empty((n * nv, dv), F)
+    jit_math._rms_rows(out.reshape(n * nv, dv), norm, z.reshape(n * nv, dv), eps, inv_dv, True, o)
+    y = np.empty((n, hidden), F)
+    set_output(o_words, 0, y)
+    q8_gemvs(o_words, 1, o.reshape(n, nv * dv), threads)
+    return y
+
+
 def deltanet_mode(lw: LayerW) -> str | None:
     w = lw.mixer
     if not isinstance(w, DeltaW) or not all(p.acts == "q8" for p in w.proj + [w.out]):
@@ -102,7 +149,10 @@ class DeltaNetCalls:
         """norms, eps: the layer's norm weights and epsilon as LayerCalls holds them."""
         w, c = lw.mixer, cfg
         self.w, self.eps, self.norms = w, eps, norms
-        self.proj, self.out = qdot._call(w.proj), qdot._call([w.out])
+        (self.proj, k1), (self.out, k2) = qdot.mat_words(w.proj), qdot.mat_words([w.out])
+        self.keep, self.widths, self.hidden = (k1, k2), np.array([p.rows for p in w.proj], np.int64), w.out.rows
+        self.norm, self.inv_h, self.inv_dv = jit_math._weight(w.norm, c.linear_value_head_dim), F(1.0 / w.out.rows), \
+            F(1.0 / c.linear_value_head_dim)
         self.nk, self.nv, self.dk, self.dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                                               c.linear_key_head_dim, c.linear_value_head_dim)
         self.cd = 2 * self.nk * self.dk + self.nv * self.dv
@@ -114,20 +164,17 @@ class DeltaNetCalls:
     def mixer(self, lw, h, pos, rope, ring, ssm, kept=None, room=None, src=None):
         """CpuModel.deltanet of h = (x, norm name)."""
         ring0, ssm0 = (ring, ssm) if src is None else src
-        x, w = h[0], self.w
-        n, nk, nv, dk, dv, cd = h[0].shape[0], self.nk, self.nv, self.dk, self.dv, self.cd
-        proj = np.concatenate(self.proj(jit_math.rmsnorm(x, self.norms[h[1]], self.eps)), axis=-1)
-        qkvz, ba = proj[:, :cd + nv * dv], proj[:, cd + nv * dv:]
-        window = np.concatenate([ring0, qkvz[:, :cd]], axis=0)
-        mixed, q, k = np.empty((n, cd), F), np.empty((n, nv, dk), F), np.empty((n, nv, dk), F)
-        beta, decay = np.empty((n, nv), F), np.empty((n, nv), F)
-        _prep(window, self.taps, np.ascontiguousarray(ba), self.dt_bias, self.neg_exp_a, self.scale, nk, dk,
-              self.rep, mixed, q, k, beta, decay)
-        v = mixed[:, 2 * nk * dk:].reshape(n, nv, dv)
+        x = np.ascontiguousarray(h[0], dtype=F)
+        n, nv, dv = x.shape[0], self.nv, self.dv
+        jit_qdot.bind()
+        window, mixed, q, k, beta, decay, z = _head(
+            x, self.norms[h[1]], self.eps, self.inv_h, self.proj, self.widths, np.ascontiguousarray(ring0, dtype=F),
+            self.taps, self.dt_bias, self.neg_exp_a, self.scale, self.nk, self.dk, nv, dv, self.rep, qdot.THREADS)
+        v = mixed[:, 2 * self.nk * self.dk:].reshape(n, nv, dv)
         out, snaps = jit_math.deltanet_scan(ssm, q, k, v, beta, decay, len(kept), room, ssm0)
         keep_states(kept, window, snaps, ring)
-        o = jit_math.rmsnorm(out, w.norm, self.eps, qkvz[:, cd:].reshape(n, nv, dv))
-        return self.out(o.reshape(n, nv * dv))[0]
+        return _tail(np.ascontiguousarray(out, dtype=F), self.norm, self.eps, self.inv_dv, z, self.out, self.hidden,
+                     qdot.THREADS)
 
 
 def machine_code() -> str:
