@@ -204,14 +204,21 @@ def test_each_matrix_its_own_input_in_one_call():
         bits_equal(y, definition(w, xi))
 
 
-def test_one_rows_experts_are_the_general_paths_and_the_definitions(monkeypatch):
+@pytest.mark.parametrize("isa", ISAS)
+def test_one_rows_experts_are_the_general_paths_and_the_definitions(isa, monkeypatch):
     """ops.expert_mlps of one row (a decode step: its k experts' gates and
-    ups in one call, their activations in one, their downs in one) gives the
-    bits of the same experts routed among more rows and of the NumPy
-    definition; experts in any order, of both block sizes (a swap of two
-    experts' outputs fails it); a shared expert of their width in the same
-    calls, a wider one on its own."""
+    ups in one call, their activations in one, their downs in one; compiled,
+    calling the library of each instruction set through jit_qdot's cell)
+    gives the bits of the same experts routed among more rows and of the
+    NumPy definition; experts in any order, of both block sizes (a swap of
+    two experts' outputs fails it); a shared expert of their width in the
+    same calls, a wider one on its own."""
     import dataclasses
+
+    from vkspec.backends.cpu import jit_qdot
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    jit_qdot.bind()
+    assert jit_qdot._BOUND[0] is qdot.lib()
 
     from vkspec.backends.cpu import jit, ops
     from vkspec.weights import MlpW, MoeW

@@ -13,10 +13,11 @@ How: the compiled code calls through a cell of two function pointers, an
 LLVM symbol of this process (llvmlite's add_symbol), so numba's cache on disk
 holds code that asks for the cell by name, never an address. ``bind()``
 fills the cell with the library qdot.lib() chooses now (VKSPEC_CPU_ISA read
-as qdot reads it); callers bind before each call (an unbound cell is null:
-nothing binds at import, which would build the library for an f32 run). The library is the same
-one qdot's own calls run, so the bits are (tests/test_q8.py holds every
-library to the definition).
+as qdot reads it); callers bind before each call. An unbound cell is null:
+nothing binds at import, which would build the library for an f32 run. The
+library is the one qdot's own calls run, so the bits are its bits
+(tests/test_q8.py holds every library to the definition, and the compiled
+expert calls under each).
 
 mats: an int64 array of qdot.Mat rows (qdot.mat_words), whose output
 words (Y, Y + 1: address, stride in floats) the caller fills in for each
