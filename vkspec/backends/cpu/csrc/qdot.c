@@ -136,6 +136,12 @@ static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64
  * row of 18 blocks (SmolLM2's 576 columns) spent a quarter of its time in a scalar tail */
 static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int64_t nb, int z, int sgn, int mins,
                                                               const int8_t *q, const float *dx, const int32_t *s32, int raw) {
+    if (raw >= 0 && raw != F_Q8_0) {    /* the nibble formats' constants: their loops built for them (Q8_0's
+                                          * measured slower so) */
+        z = zero_point(raw);
+        mins = raw == F_Q4_1 || raw == F_Q5_1;
+        sgn = 0;
+    }
     float l[8];
     __m256 lanes = _mm256_setzero_ps();
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
