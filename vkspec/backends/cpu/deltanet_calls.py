@@ -23,7 +23,7 @@ from numba import njit
 from ...weights import DeltaW, LayerW
 from . import jit_math, jit_qdot, qdot
 from .jit_qdot import Y, q8_gemvs, set_output
-from .jit_sublayer import _normed
+from .jit_sublayer import normed
 
 F = np.float32
 _OP = jit_math.ELEMENTWISE_OPS
@@ -50,16 +50,16 @@ def _prep(window, taps, ba, dt_bias, neg_exp_a, scale, nk, dk, rep, mixed, q, k,
         for j in range(nk * dk):
             qk[0, r * nk + j // dk, j % dk] = mixed[r, j]
             qk[1, r * nk + j // dk, j % dk] = mixed[r, nk * dk + j]
-    normed = np.empty((2, n * nk, dk), np.float32)
+    unit = np.empty((2, n * nk, dk), np.float32)
     ones = np.ones(dk, np.float32)
     for i in range(2):
-        jit_math._rms_rows(qk[i], ones, qk[i], _EPS, jit_math._ONE, False, normed[i])
+        jit_math._rms_rows(qk[i], ones, qk[i], _EPS, jit_math._ONE, False, unit[i])
     for r in range(n):
         for h in range(nv):
             g = r * nk + rep[h]
             for j in range(dk):
-                q[r, h, j] = normed[0, g, j] * scale
-                k[r, h, j] = normed[1, g, j]
+                q[r, h, j] = unit[0, g, j] * scale
+                k[r, h, j] = unit[1, g, j]
     b = np.empty(n * nv, np.float32)
     a = np.empty(n * nv, np.float32)
     for r in range(n):
@@ -83,7 +83,7 @@ def _head(x, norm, eps, inv_h, proj, widths, ring0, taps, dt_bias, neg_exp_a, sc
     the block's q, k, v columns) and _prep's inputs of the delta rule.
     Returns (window, mixed, q, k, beta, decay, z)."""
     n = x.shape[0]
-    h = _normed(x, norm, eps, inv_h)
+    h = normed(x, norm, eps, inv_h)
     total = 0
     for i in range(widths.shape[0]):
         total += widths[i]
@@ -148,14 +148,13 @@ class DeltaNetCalls:
     def __init__(self, lw: LayerW, cfg, norms: dict, eps):
         """norms, eps: the layer's norm weights and epsilon as LayerCalls holds them."""
         w, c = lw.mixer, cfg
-        self.w, self.eps, self.norms = w, eps, norms
+        self.eps, self.norms = eps, norms
         (self.proj, k1), (self.out, k2) = qdot.mat_words(w.proj), qdot.mat_words([w.out])
         self.keep, self.widths, self.hidden = (k1, k2), np.array([p.rows for p in w.proj], np.int64), w.out.rows
         self.norm, self.inv_h, self.inv_dv = jit_math._weight(w.norm, c.linear_value_head_dim), F(1.0 / w.out.rows), \
             F(1.0 / c.linear_value_head_dim)
         self.nk, self.nv, self.dk, self.dv = (c.linear_num_key_heads, c.linear_num_value_heads,
                                               c.linear_key_head_dim, c.linear_value_head_dim)
-        self.cd = 2 * self.nk * self.dk + self.nv * self.dv
         self.taps = np.ascontiguousarray(np.asarray(w.conv, F).T)      # (K, cd): jit_math.conv_taps' rows
         self.scale = F(self.dk ** -0.5)
         self.rep = head_map(c)

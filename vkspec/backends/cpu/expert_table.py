@@ -28,10 +28,9 @@ from numba import njit
 
 from . import jit, jit_math, jit_qdot, jit_route, qdot
 from .jit_qdot import Y, q8_gemvs, q8_gemvs_each, set_output
-from .jit_sublayer import _normed
+from .jit_sublayer import normed
 
 F = np.float32
-ROWS = qdot.Mat.rows.offset // 8                    # a Mat row's output rows
 _SILU, _SIGMOID = jit_math.ELEMENTWISE_OPS["silu"], jit_math.ELEMENTWISE_OPS["sigmoid"]
 
 
@@ -135,9 +134,8 @@ def _moe_row(x, res, norm, eps, inv_h, router, router_q8, k, normalize, gu_words
     expert (last in the tables, at ``count``) gated by sigmoid(shared_gate h);
     router and shared gate float32 arrays or (router_q8, shared_gate_q8)
     their Mats."""
-    h = _normed(x, norm, eps, inv_h)
-    logits = _small_gemv(router, router_q8, h, max(router.shape[0], router_q8[0, ROWS] if router_q8.shape[0] else 0),
-                         threads)
+    h = normed(x, norm, eps, inv_h)
+    logits = _small_gemv(router, router_q8, h, count, threads)       # a row of the router an expert
     idx, wt = np.empty((1, k), np.int64), np.empty((1, k), F)
     jit_route._route_rows(logits, k, normalize, idx, wt)
     downs = np.empty(k + 1 if joined else k, np.int64)
@@ -160,7 +158,10 @@ def _moe_row(x, res, norm, eps, inv_h, router, router_q8, k, normalize, gu_words
 
 def _small(w):
     """(float32 array, Mats) of a router or shared gate for _moe_row: the
-    array where it is float32 in storage order, else its Mats (q8)."""
+    array where it is float32 in storage order, else its Mats (q8); both
+    empty where there is none."""
+    if w is None:
+        return np.zeros((0, 0), F), (np.zeros((0, qdot._WORDS), np.int64), None)
     if w.acts == "q8":
         return np.zeros((0, 0), F), qdot.mat_words([w])
     return np.ascontiguousarray(w.data.view(F)), (np.zeros((0, qdot._WORDS), np.int64), None)
@@ -174,8 +175,7 @@ class MoeRow:
     def __init__(self, w, cfg):
         self.t = tables(w, cfg.hidden_act)
         self.router, (self.router_q8, k1) = _small(w.router)
-        self.gate, (self.gate_q8, k2) = (_small(w.shared_gate) if w.shared is not None
-                                         else (np.zeros((0, 0), F), (np.zeros((0, qdot._WORDS), np.int64), None)))
+        self.gate, (self.gate_q8, k2) = _small(w.shared_gate if w.shared is not None else None)
         self.keep = (k1, k2)
         self.k, self.normalize = int(cfg.num_experts_per_tok), bool(cfg.norm_topk_prob)
 

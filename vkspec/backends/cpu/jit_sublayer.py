@@ -43,7 +43,7 @@ def _add_bias(y, b):
 
 
 @njit(inline="always", boundscheck=False)
-def _normed(x, w, eps, inv):
+def normed(x, w, eps, inv):
     """jit_math.rmsnorm of x's rows (a copy of x where w is empty: no norm)."""
     out = np.empty_like(x)
     if w.size:
@@ -64,7 +64,7 @@ def attention_q8(x, norm, eps, inv_h, qkv, o, qb, kb, vb, ob, q_norm, k_norm, in
     ``window`` of them where nonzero); times sigmoid(gate) when gated; then
     o's rows and o's bias. Returns (n, H)."""
     n = x.shape[0]
-    h = _normed(x, norm, eps, inv_h)
+    h = normed(x, norm, eps, inv_h)
     yq = np.empty((n, nh * hd * (2 if gated else 1)), F)
     yk, yv = np.empty((n, nkv * hd), F), np.empty((n, nkv * hd), F)
     set_output(qkv, 0, yq)
@@ -83,8 +83,8 @@ def attention_q8(x, norm, eps, inv_h, qkv, o, qb, kb, vb, ob, q_norm, k_norm, in
                 q[r * nh + i, j] = yq[r, at + j]
                 if gated:
                     gate[r, i * hd + j] = yq[r, at + hd + j]
-    q = _normed(q, q_norm, eps, inv_hd)
-    k = _normed(yk.reshape((n * nkv, hd)), k_norm, eps, inv_hd).reshape((n, nkv, hd))
+    q = normed(q, q_norm, eps, inv_hd)
+    k = normed(yk.reshape((n * nkv, hd)), k_norm, eps, inv_hd).reshape((n, nkv, hd))
     att = np.empty((n, nh, hd), F)
     _attend(q, nh, kc, vc, pos + 1, window, scale, att, k, yv.reshape((n, nkv, hd)), cos, sin, pos)
     a = att.reshape((n, nh * hd))
@@ -108,7 +108,7 @@ def mlp_q8(x, norm, eps, inv_h, gate_up, down, inter, act, threads):
     with g, u the rows of gate_up's two matrices (inter each) against
     rmsnorm(x, norm); act an _elementwise_kernel op. Returns (n, H)."""
     n = x.shape[0]
-    h = _normed(x, norm, eps, inv_h)
+    h = normed(x, norm, eps, inv_h)
     g, u = np.empty((n, inter), F), np.empty((n, inter), F)
     set_output(gate_up, 0, g)
     set_output(gate_up, 1, u)
