@@ -137,18 +137,22 @@ def test_short_k_quant_rows(fmt, isa, monkeypatch):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", K_TYPES)
 def test_tiled_k_quant_rows(fmt, isa, monkeypatch):
-    """More activation rows than a tile (8): blocks of 32 weight rows against
-    tiles of 8 activation rows, the last of each short (70 weight rows; 9 and
-    19 activation rows); a permuted weight too. Each output is its own row's
-    dot, so tiling changes no bit."""
+    """More activation rows than a tile: blocks of 32 weight rows against
+    tiles of 8 activation rows (9 to 15 rows), and with AVX-512 from 16 rows
+    gemm_k's groups of 8 weight rows against tiles of 16 activation rows in
+    its lanes; the last group and tile of each short (70 weight rows; 9, 16,
+    19 and 35 activation rows, edge rows among them; 2, 8 and 9 superblocks a
+    row); a permuted weight too. Each output is its own row's dot, so tiling
+    changes no bit."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(9)
-    for cols in (512, 2048):
+    for cols in (512, 2048, 2304):
         w = random_weight(fmt, 70, cols, rng)
-        x, edge = q8_inputs(rng, 19, cols)
-        for n in (9, 19):
+        x, edge = q8_inputs(rng, 35, cols)
+        for n in (9, 16, 19, 35):
             bits_equal(qdot.gemv(w, x[:n]), definition(w, x[:n]))
-        bits_equal(qdot.gemv(w, np.vstack([edge, x[:4]])), definition(w, np.vstack([edge, x[:4]])))
+        for rows in (np.vstack([edge, x[:4]]), np.vstack([x[:5], edge, x[5:14]])):
+            bits_equal(qdot.gemv(w, rows), definition(w, rows))
         p = w.reordered(rng.permutation(w.rows))
         bits_equal(qdot.gemv(p, x), definition(p, x))
 

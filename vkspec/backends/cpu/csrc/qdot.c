@@ -240,6 +240,8 @@ static int short_group(const Mat *m) {
 #endif
 }
 
+#include "qdot_gemm_k.h"
+
 static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
     const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
@@ -273,8 +275,26 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 #endif
 }
 
-/* An input of a call: n rows of cols float32, quantised once per block size its matrices need. */
-typedef struct { const float *x; int64_t n, cols; Acts a[2]; } Input;
+/* An input of a call: n rows of cols float32, quantised once per block size its matrices need
+ * (AVX-512 builds: with GT rows or more, K-quant blocks also as tiles for gemm_k). */
+typedef struct {
+    const float *x;
+    int64_t n, cols;
+    Acts a[2];
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    Tiles t;
+#endif
+} Input;
+
+/* the rows of n a K-quant matrix takes through gemm_k */
+static inline int gemm_rows(int64_t n) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return n >= GT;
+#else
+    (void)n;
+    return 0;
+#endif
+}
 
 static int quantize_input(Input *in, const int need[2]) {
     for (int kq = 0; kq < 2; kq++) {
@@ -287,6 +307,9 @@ static int quantize_input(Input *in, const int need[2]) {
         a->s32 = malloc(sizeof(int32_t) * (size_t)(n * (cols / 32) + 8));
         if (!a->q || !a->d || !a->s16 || !a->s32) return -1;
         vk_q8_quantize(in->x, n, cols, fb, a->q, a->d, a->s16, a->s32);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        if (kq && gemm_rows(n) && tiles_build(&in->t, a, n, cols)) return -1;
+#endif
     }
     return 0;
 }
@@ -323,7 +346,13 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                  sl = (sizeof(float) * (size_t)(8 * n + 8) + 63) / 64 * 64;
     /* whole pages a thread, a page apart: neighbouring threads' scratch on shared or adjacent lines
      * cost a third of the 2-thread rate (the adjacent-line prefetcher pairs lines across them) */
-    const size_t per = (su + 2 * sf + 2 * s8 + sp + sl + 4095) / 4096 * 4096 + 4096;
+    size_t gk = 0;              /* gemm_k's unpacked weight group and its lanes */
+    for (int i = 0; i < nin; i++)
+        if (gemm_rows(ins[i].n) && ins[i].a[1].q) gk = 1;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (gk) gk = unpacked_bytes(cols) + sizeof(float) * GW * 8 * GT + 64;
+#endif
+    const size_t per = (su + 2 * sf + 2 * s8 + sp + sl + gk + 4095) / 4096 * 4096 + 4096;
     char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
     if (!scratch) failed = 1;
     #pragma omp parallel num_threads(threads) if (!failed && threads > 1)
@@ -340,7 +369,22 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
         o.sc = (int8_t *)p; p += s8;
         o.mn = (int8_t *)p; p += s8;
         void *P = p; p += sp;
-        float *L = (float *)p;
+        float *L = (float *)p; p += sl;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        Unpacked ug;
+        float *gl = 0;
+        if (gk) {
+            const size_t nb = (size_t)(cols / 256);
+            p = (char *)(((uintptr_t)p + 63) / 64 * 64);
+            gl = (float *)p; p += sizeof(float) * GW * 8 * GT;
+            ug.u = (uint8_t *)p; p += GW * (size_t)cols;
+            ug.sc = (int32_t *)p; p += GW * nb * 64;
+            ug.m16 = (int32_t *)p; p += GW * nb * 32;
+            ug.c = (int32_t *)p; p += GW * nb * 4;
+            ug.dw = (float *)p; p += GW * nb * 4;
+            ug.mw = (float *)p;
+        }
+#endif
         for (int k = 0; k < count && !failed; k++) {
             const Mat *m = &mats[k];
             const Input *in = &ins[at[k]];
@@ -348,6 +392,14 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
              * (8-row chunks handed out in turn read at half the bandwidth) */
             int64_t chunk = m->rows / (4 * threads);
             chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            if (m->fmt >= F_Q2_K && gemm_rows(in->n)) {
+                const int64_t groups = (m->rows + GW - 1) / GW;
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int64_t gi = 0; gi < groups; gi++) gemm_k(m, gi, &in->t, in->n, &ug, gl);
+                continue;
+            }
+#endif
             const int g = short_group(m);
             if (g) {
 #if defined(__AVX2__)
@@ -389,14 +441,21 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     }
     free(scratch);
     for (int i = 0; i < nin; i++)
+        {
         for (int kq = 0; kq < 2; kq++) { free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32); }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        tiles_free(&ins[i].t);
+#endif
+    }
     return failed ? -1 : 0;
 }
 
 /* The matrices one input x (n rows of cols float32) feeds, in one call. */
 int vk_q8_gemvs(const Mat *mats, int count, const float *x, int64_t n, int threads) {
     if (count <= 0 || n <= 0) return 0;
-    Input in = {x, n, mats[0].cols, {{0}, {0}}};
+    Input in;
+    memset(&in, 0, sizeof in);
+    in.x = x; in.n = n; in.cols = mats[0].cols;
     int *at = calloc((size_t)count, sizeof(int));
     const int r = at ? run(mats, count, &in, 1, at, threads) : -1;
     free(at);
