@@ -138,12 +138,12 @@ def test_short_k_quant_rows(fmt, isa, monkeypatch):
 @pytest.mark.parametrize("fmt", K_TYPES)
 def test_tiled_k_quant_rows(fmt, isa, monkeypatch):
     """More activation rows than a tile: blocks of 32 weight rows against
-    tiles of 8 activation rows (9 to 15 rows), and with AVX-512 from 16 rows
-    gemm_k's groups of 8 weight rows against tiles of 16 activation rows in
-    its lanes; the last group and tile of each short (70 weight rows; 9, 16,
-    19 and 35 activation rows, edge rows among them; 2, 8 and 9 superblocks a
-    row); a permuted weight too. Each output is its own row's dot, so tiling
-    changes no bit."""
+    tiles of 8 activation rows, and gemm_k's groups of 8 weight rows against
+    tiles of activation rows in its lanes (AVX-512: 16 from 16 rows; AVX2: 8
+    from 32 rows); the last group and tile of each short (70 weight rows; 9,
+    16, 19 and 35 activation rows, and 12, 22 and 43 with edge rows among
+    them; 2, 8 and 9 superblocks a row); a permuted weight too. Each output
+    is its own row's dot, so tiling changes no bit."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(9)
     for cols in (512, 2048, 2304):
@@ -151,7 +151,7 @@ def test_tiled_k_quant_rows(fmt, isa, monkeypatch):
         x, edge = q8_inputs(rng, 35, cols)
         for n in (9, 16, 19, 35):
             bits_equal(qdot.gemv(w, x[:n]), definition(w, x[:n]))
-        for rows in (np.vstack([edge, x[:4]]), np.vstack([x[:5], edge, x[5:14]])):
+        for rows in (np.vstack([edge, x[:4]]), np.vstack([x[:5], edge, x[5:14]]), np.vstack([x[:5], edge, x[5:]])):
             bits_equal(qdot.gemv(w, rows), definition(w, rows))
         p = w.reordered(rng.permutation(w.rows))
         bits_equal(qdot.gemv(p, x), definition(p, x))

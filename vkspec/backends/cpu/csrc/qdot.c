@@ -276,20 +276,20 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 }
 
 /* An input of a call: n rows of cols float32, quantised once per block size its matrices need
- * (AVX-512 builds: with GT rows or more, K-quant blocks also as tiles for gemm_k). */
+ * (vector builds, rows enough for gemm_k: K-quant blocks also as its tiles). */
 typedef struct {
     const float *x;
     int64_t n, cols;
     Acts a[2];
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__)
     Tiles t;
 #endif
 } Input;
 
-/* the rows of n a K-quant matrix takes through gemm_k */
+/* whether a K-quant matrix takes gemm_k for n rows (else rows_k) */
 static inline int gemm_rows(int64_t n) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    return n >= GT;
+#if defined(__AVX2__)
+    return n >= GEMM_MIN_ROWS;
 #else
     (void)n;
     return 0;
@@ -307,7 +307,7 @@ static int quantize_input(Input *in, const int need[2]) {
         a->s32 = malloc(sizeof(int32_t) * (size_t)(n * (cols / 32) + 8));
         if (!a->q || !a->d || !a->s16 || !a->s32) return -1;
         vk_q8_quantize(in->x, n, cols, fb, a->q, a->d, a->s16, a->s32);
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__)
         if (kq && gemm_rows(n) && tiles_build(&in->t, a, n, cols)) return -1;
 #endif
     }
@@ -349,8 +349,8 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     size_t gk = 0;              /* gemm_k's unpacked weight group and its lanes */
     for (int i = 0; i < nin; i++)
         if (gemm_rows(ins[i].n) && ins[i].a[1].q) gk = 1;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if (gk) gk = unpacked_bytes(cols) + sizeof(float) * GW * 8 * GT + 64;
+#if defined(__AVX2__)
+    if (gk) gk = unpacked_bytes(cols);
 #endif
     const size_t per = (su + 2 * sf + 2 * s8 + sp + sl + gk + 4095) / 4096 * 4096 + 4096;
     char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
@@ -370,20 +370,10 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
         o.mn = (int8_t *)p; p += s8;
         void *P = p; p += sp;
         float *L = (float *)p; p += sl;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__)
         Unpacked ug;
         float *gl = 0;
-        if (gk) {
-            const size_t nb = (size_t)(cols / 256);
-            p = (char *)(((uintptr_t)p + 63) / 64 * 64);
-            gl = (float *)p; p += sizeof(float) * GW * 8 * GT;
-            ug.u = (uint8_t *)p; p += GW * (size_t)cols;
-            ug.sc = (int32_t *)p; p += GW * nb * 64;
-            ug.m16 = (int32_t *)p; p += GW * nb * 32;
-            ug.c = (int32_t *)p; p += GW * nb * 4;
-            ug.dw = (float *)p; p += GW * nb * 4;
-            ug.mw = (float *)p;
-        }
+        if (gk) unpacked_carve(p, cols, &ug, &gl);
 #endif
         for (int k = 0; k < count && !failed; k++) {
             const Mat *m = &mats[k];
@@ -392,7 +382,7 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
              * (8-row chunks handed out in turn read at half the bandwidth) */
             int64_t chunk = m->rows / (4 * threads);
             chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__)
             if (m->fmt >= F_Q2_K && gemm_rows(in->n)) {
                 const int64_t groups = (m->rows + GW - 1) / GW;
                 #pragma omp for schedule(dynamic, 1) nowait
@@ -443,7 +433,7 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     for (int i = 0; i < nin; i++)
         {
         for (int kq = 0; kq < 2; kq++) { free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32); }
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX2__)
         tiles_free(&ins[i].t);
 #endif
     }

@@ -1,52 +1,59 @@
-/* K-quant rows against 16 or more activation rows (AVX-512 VNNI builds; included by qdot.c before
- * its matrix loop): GEMM tiles whose zmm lanes are 16 activation rows, so that a weight row's
- * group scales, zero point, mins and float scales apply to all 16 at once and no lane is summed
- * across. Each output is rows_k_at's value for its one (activation row, weight row) pair:
+/* K-quant rows against several activation rows (vector builds; included by qdot.c before its
+ * matrix loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight
+ * row's group scales, zero point, mins and float scales apply to all of them at once and no lane
+ * is summed across. Each output is rows_k_at's value for its one (activation row, weight row) pair:
  *
  * - the integer sums are exact in any order. The activations are stored as q + 128 (vpdpbusd
  *   takes its unsigned bytes from them, its signed ones from the weights' values, which fit
- *   int8), so s1 = sum_g sc_g (u_g . (q_g + 128)) - 128 sum_g sc_g sum(u_g): per 16 columns
+ *   int8; AVX2's vpmaddubsw pairs stay below 2 x 255 x 63 < 2**15, unsaturated), so s1 = sum_g sc_g (u_g . (q_g + 128)) - 128 sum_g sc_g sum(u_g): per 16 columns
  *   |sum| <= 16 x 255 x 63, times |sc| <= 128, over 16 groups, stays below 2**31;
  * - the float part is sb_floats' per lane: (dw dx) s1, then - (mw dx) s2, into lane b mod 8 of
  *   the row's eight from +0, then fold8's order.
  *
  * A weight group (8 rows) is unpacked once into bytes and per-superblock integer scales, then
  * met by every tile of activation rows in turn. */
+#if defined(__AVX2__)
+/* Weight rows a group; activation rows a tile, and the fewest rows that take gemm_k (fewer take
+ * rows_k): 16 lanes from 16 rows in zmm; 8 lanes from 32 rows in ymm (AVX2's vpmaddubsw
+ * route gains over rows_k only there; an 8-lane tile under AVX-512 was slower than rows_k) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-enum { GT = 16, GW = 8 };           /* activation rows a tile (zmm lanes), weight rows a group */
+enum { GW = 8, LANES = 16, GEMM_MIN_ROWS = 16 };
+#else
+enum { GW = 8, LANES = 8, GEMM_MIN_ROWS = 32 };
+#endif
 
-/* the activation rows of one input, a tile of GT at a time, lane r row 16 t + r (rows past n:
- * q = 0, dx = 0, their outputs never written) */
+/* the activation rows of one input, a tile of LANES at a time, lane r row LANES t + r (rows past
+ * n: q = 0, dx = 0, their outputs never written) */
 typedef struct {
-    uint8_t *q;         /* [tile][cols / 4][16 lanes][4]: q + 128 */
-    float *dx;          /* [tile][superblock][16] */
-    int32_t *s16;       /* [tile][superblock][8][16]: int16 pairs (s16[2p], s16[2p + 1]) */
+    uint8_t *q;         /* [tile][cols / 4][LANES][4]: q + 128 */
+    float *dx;          /* [tile][superblock][LANES] */
+    int32_t *s16;       /* [tile][superblock][8][LANES]: int16 pairs (s16[2p], s16[2p + 1]) */
 } Tiles;
 
 static int tiles_build(Tiles *t, const Acts *a, int64_t n, int64_t cols) {
-    const int64_t nt = (n + GT - 1) / GT, nb = cols / 256, quads = cols / 4;
-    t->q = aligned_alloc(64, (size_t)(nt * quads * 64));
-    t->dx = aligned_alloc(64, sizeof(float) * (size_t)(nt * nb * GT));
-    t->s16 = aligned_alloc(64, sizeof(int32_t) * (size_t)(nt * nb * 8 * GT));
+    const int64_t lanes = LANES, nt = (n + lanes - 1) / lanes, nb = cols / 256, quads = cols / 4;
+    t->q = aligned_alloc(64, (size_t)(nt * quads * 4 * lanes));
+    t->dx = aligned_alloc(64, (sizeof(float) * (size_t)(nt * nb * lanes) + 63) / 64 * 64);
+    t->s16 = aligned_alloc(64, sizeof(int32_t) * (size_t)(nt * nb * 8 * lanes));
     if (!t->q || !t->dx || !t->s16) return -1;
     for (int64_t ti = 0; ti < nt; ti++)
-        for (int r = 0; r < GT; r++) {
-            const int64_t row = GT * ti + r;
-            uint32_t *dq = (uint32_t *)t->q + ti * quads * GT + r;
+        for (int r = 0; r < lanes; r++) {
+            const int64_t row = lanes * ti + r;
+            uint32_t *dq = (uint32_t *)t->q + ti * quads * lanes + r;
             for (int64_t k = 0; k < quads; k++) {
                 uint32_t v = 0;
                 if (row < n) memcpy(&v, a->q + row * cols + 4 * k, 4);
-                dq[k * GT] = v ^ 0x80808080u;
+                dq[k * lanes] = v ^ 0x80808080u;
             }
             for (int64_t b = 0; b < nb; b++) {
-                t->dx[(ti * nb + b) * GT + r] = row < n ? a->d[row * nb + b] : 0.0f;
+                t->dx[(ti * nb + b) * lanes + r] = row < n ? a->d[row * nb + b] : 0.0f;
                 for (int p = 0; p < 8; p++) {
                     uint32_t v = 0;
                     if (row < n) {
                         const int16_t *s = a->s16 + row * (cols / 16) + 16 * b + 2 * p;
                         v = (uint32_t)(uint16_t)s[0] | (uint32_t)(uint16_t)s[1] << 16;
                     }
-                    t->s16[((ti * nb + b) * 8 + p) * GT + r] = (int32_t)v;
+                    t->s16[((ti * nb + b) * 8 + p) * lanes + r] = (int32_t)v;
                 }
             }
         }
@@ -65,12 +72,27 @@ typedef struct {
     float *dw, *mw;     /* [GW][nb] */
 } Unpacked;
 
+/* its bytes, and the lanes' floats (GW x 8 x LANES), 64-byte aligned pieces */
 static size_t unpacked_bytes(int64_t cols) {
     const size_t nb = (size_t)(cols / 256);
-    return GW * ((size_t)cols + nb * (64 + 32 + 4 + 4 + 4)) + 5 * 64;
+    return GW * ((size_t)cols + nb * (64 + 32 + 4 + 4 + 4)) + sizeof(float) * GW * 8 * LANES + 8 * 64;
 }
 
-static void unpack_group(const Mat *m, int64_t i0, Unpacked *g, const int f) {
+static void unpacked_carve(char *p, int64_t cols, Unpacked *g, float **L) {
+    const size_t nb = (size_t)(cols / 256);
+    p = (char *)(((uintptr_t)p + 63) / 64 * 64);
+    *L = (float *)p; p += sizeof(float) * GW * 8 * LANES;
+    g->u = (uint8_t *)p; p += GW * (size_t)cols;
+    g->sc = (int32_t *)p; p += GW * nb * 64;
+    g->m16 = (int32_t *)p; p += GW * nb * 32;
+    g->c = (int32_t *)p; p += GW * nb * 4;
+    g->dw = (float *)p; p += GW * nb * 4;
+    g->mw = (float *)p;
+}
+
+static const int8_t ONES[256] __attribute__((aligned(64))) = {[0 ... 255] = 1};
+
+static inline __attribute__((always_inline)) void unpack_group(const Mat *m, int64_t i0, Unpacked *g, const int f) {
     const int64_t nb = m->cols / 256, bb = BLOCK_BYTES[f];
     const int at = f == F_Q2_K ? 80 : f == F_Q3_K ? 106 : f == F_Q6_K ? 206 : 0, pair = f != F_Q3_K && f != F_Q6_K;
     for (int w = 0; w < GW; w++) {
@@ -79,19 +101,29 @@ static void unpack_group(const Mat *m, int64_t i0, Unpacked *g, const int f) {
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *p = row + bb * b;
             const int64_t k = w * nb + b;
+            uint8_t *u = g->u + w * m->cols + 256 * b;
             __m256i m16;
             const __m128i sc = sb_groups_held(f, p, &m16);
-            __m512i U[4];
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+            __m512i U[4], S[2];
             sb_held(f, p, U);
-            int64_t sums[32];
-            for (int c = 0; c < 4; c++) {
-                _mm512_storeu_si512(g->u + w * m->cols + 256 * b + 64 * c, U[c]);
-                _mm512_storeu_si512(sums + 8 * c, _mm512_sad_epu8(U[c], _mm512_setzero_si512()));
-            }
+            for (int c = 0; c < 4; c++) _mm512_storeu_si512(u + 64 * c, U[c]);
             _mm512_storeu_si512(g->sc + 16 * k, _mm512_cvtepi8_epi32(sc));
+            lane_scales_held(sc, S);
+            const I8 d = sb_dot_held(U, S, ONES);        /* lanes summing to sum_g sc_g sum(u_g) */
+#else
+            __m256i U[8], S[8];
+            sb_values32(f, p, U);
+            for (int c = 0; c < 8; c++) _mm256_storeu_si256((__m256i *)(u + 32 * c), U[c]);
+            _mm256_storeu_si256((__m256i *)(g->sc + 16 * k), _mm256_cvtepi8_epi32(sc));
+            _mm256_storeu_si256((__m256i *)(g->sc + 16 * k + 8), _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+            lane_scales32(sc, S);
+            const I8 d = sb_dot(U, S, ONES);
+#endif
             _mm256_storeu_si256((__m256i *)(g->m16 + 8 * k), m16);
-            int32_t s = 0;
-            for (int q = 0; q < 16; q++) s += g->sc[16 * k + q] * (int32_t)(sums[2 * q] + sums[2 * q + 1]);
+            int32_t l[8], s = 0;
+            _mm256_storeu_si256((__m256i *)l, d);
+            for (int q = 0; q < 8; q++) s += l[q];
             g->c[k] = 128 * s;
             g->dw[k] = f16(p + at + (pair ? 0 : 2));
             g->mw[k] = pair ? f16(p + at + 2) : 0.0f;
@@ -99,63 +131,58 @@ static void unpack_group(const Mat *m, int64_t i0, Unpacked *g, const int f) {
     }
 }
 
-/* the group's GW rows against tile ti: y[r][i0 + w] for its live rows; L: GW x 8 x 16 floats */
-static inline __attribute__((always_inline)) void gemm_k_tile(
-        const Mat *m, int64_t i0, const Unpacked *g, const Tiles *t, int64_t ti, int64_t n, float *L, const int f) {
-    const int64_t nb = m->cols / 256, quads = m->cols / 4;
-    const int z = zero_point(f), mins = has_mins(f);
-    const int gq = f == F_Q4_K || f == F_Q5_K ? 8 : 4;     /* quads a scale covers: 32 or 16 columns */
-    const uint8_t *tq = t->q + ti * quads * 64;
-    for (int j = 0; j < GW * 8 * GT; j++) L[j] = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i T[GW];
-        for (int w = 0; w < GW; w++) T[w] = _mm512_setzero_si512();
-        for (int s = 0; s < 64 / gq; s++) {
-            __m512i acc[GW];
-            for (int w = 0; w < GW; w++) acc[w] = _mm512_setzero_si512();
-            for (int j = 0; j < gq; j++) {
-                const int64_t k = 64 * b + gq * s + j;
-                const __m512i Q = _mm512_load_si512(tq + 64 * k);
-                for (int w = 0; w < GW; w++) {
-                    int32_t u;
-                    memcpy(&u, g->u + w * m->cols + 4 * k, 4);
-                    acc[w] = _mm512_dpbusd_epi32(acc[w], Q, _mm512_set1_epi32(u));
-                }
-            }
-            for (int w = 0; w < GW; w++)
-                T[w] = _mm512_add_epi32(T[w], _mm512_mullo_epi32(acc[w], _mm512_set1_epi32(g->sc[16 * (w * nb + b) + gq / 4 * s])));
-        }
-        const __m512i *s16 = (const __m512i *)(t->s16 + (ti * nb + b) * 8 * GT);
-        const __m512 x = _mm512_load_ps(t->dx + (ti * nb + b) * GT);
-        for (int w = 0; w < GW; w++) {
-            const int64_t k = w * nb + b;
-            __m512i mt = _mm512_setzero_si512();
-            for (int p = 0; p < 8; p++) mt = _mm512_dpwssd_epi32(mt, _mm512_load_si512(s16 + p), _mm512_set1_epi32(g->m16[8 * k + p]));
-            __m512i s1 = _mm512_sub_epi32(T[w], _mm512_set1_epi32(g->c[k]));
-            if (z) s1 = _mm512_sub_epi32(s1, mt);
-            __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(g->dw[k]), x), _mm512_cvtepi32_ps(s1));
-            if (mins) a = _mm512_sub_ps(a, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(g->mw[k]), x), _mm512_cvtepi32_ps(mt)));
-            float *l = L + (w * 8 + b % 8) * GT;
-            _mm512_store_ps(l, _mm512_add_ps(_mm512_load_ps(l), a));
-        }
-    }
-    for (int w = 0; w < GW && i0 + w < m->rows; w++) {
-        const float *l = L + w * 8 * GT;
-        const __m512 a0 = _mm512_add_ps(_mm512_load_ps(l), _mm512_load_ps(l + 4 * GT));
-        const __m512 a1 = _mm512_add_ps(_mm512_load_ps(l + GT), _mm512_load_ps(l + 5 * GT));
-        const __m512 a2 = _mm512_add_ps(_mm512_load_ps(l + 2 * GT), _mm512_load_ps(l + 6 * GT));
-        const __m512 a3 = _mm512_add_ps(_mm512_load_ps(l + 3 * GT), _mm512_load_ps(l + 7 * GT));
-        float y[GT];
-        _mm512_storeu_ps(y, _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3)));
-        for (int r = 0; r < GT && GT * ti + r < n; r++) m->y[(GT * ti + r) * m->y_stride + i0 + w] = y[r];
-    }
-}
+#define TILE_FN gemm_k_tile
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VI __m512i
+#define VF __m512
+#define V_ZERO _mm512_setzero_si512()
+#define V_LOAD(p) _mm512_load_si512((const void *)(p))
+#define V_SET1 _mm512_set1_epi32
+#define V_ADD _mm512_add_epi32
+#define V_SUB _mm512_sub_epi32
+#define V_MULLO _mm512_mullo_epi32
+#define V_CVT _mm512_cvtepi32_ps
+#define VF_SET1 _mm512_set1_ps
+#define VF_LOAD _mm512_load_ps
+#define VF_STORE _mm512_store_ps
+#define VF_STOREU _mm512_storeu_ps
+#define VF_ADD _mm512_add_ps
+#define VF_SUB _mm512_sub_ps
+#define VF_MUL _mm512_mul_ps
+#define V_DOT4 _mm512_dpbusd_epi32
+#define V_DOT2 _mm512_dpwssd_epi32
+#else
+#define VI __m256i
+#define VF __m256
+#define V_ZERO _mm256_setzero_si256()
+#define V_LOAD(p) _mm256_load_si256((const __m256i *)(p))
+#define V_SET1 _mm256_set1_epi32
+#define V_ADD _mm256_add_epi32
+#define V_SUB _mm256_sub_epi32
+#define V_MULLO _mm256_mullo_epi32
+#define V_CVT _mm256_cvtepi32_ps
+#define VF_SET1 _mm256_set1_ps
+#define VF_LOAD _mm256_load_ps
+#define VF_STORE _mm256_store_ps
+#define VF_STOREU _mm256_storeu_ps
+#define VF_ADD _mm256_add_ps
+#define VF_SUB _mm256_sub_ps
+#define VF_MUL _mm256_mul_ps
+#if defined(__AVXVNNI__)
+#define V_DOT4 _mm256_dpbusd_avx_epi32
+#define V_DOT2 _mm256_dpwssd_avx_epi32
+#else
+#define V_DOT4(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+#define V_DOT2(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+#endif
+#endif
+#include "qdot_gemm_k_tile.h"
 
 /* weight group gi of m against every tile, one format at a time */
 static inline __attribute__((always_inline)) void gemm_k_at(const Mat *m, int64_t gi, const Tiles *t, int64_t n,
                                                             Unpacked *g, float *L, const int f) {
     unpack_group(m, GW * gi, g, f);
-    for (int64_t ti = 0; ti < (n + GT - 1) / GT; ti++) gemm_k_tile(m, GW * gi, g, t, ti, n, L, f);
+    for (int64_t ti = 0; ti < (n + LANES - 1) / LANES; ti++) gemm_k_tile(m, GW * gi, g, t, ti, n, L, f);
 }
 
 /* one instance per format: its shifts, masks and scale groups are constants */
