@@ -135,15 +135,16 @@ def test_short_k_quant_rows(fmt, isa, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fmt", K_TYPES)
-def test_tiled_k_quant_rows(fmt, isa, monkeypatch):
-    """More activation rows than a tile: blocks of 32 weight rows against
-    tiles of 8 activation rows, and gemm_k's groups of 8 weight rows against
-    tiles of activation rows in its lanes (AVX-512: 16 from 16 rows; AVX2: 8
-    from 32 rows); the last group and tile of each short (70 weight rows; 9,
-    16, 19 and 35 activation rows, and 12, 22 and 43 with edge rows among
-    them; 2, 8 and 9 superblocks a row); a permuted weight too. Each output
-    is its own row's dot, so tiling changes no bit."""
+@pytest.mark.parametrize("fmt", Q8_FORMATS)
+def test_tiled_rows(fmt, isa, monkeypatch):
+    """More activation rows than a tile: K-quant blocks of 32 weight rows
+    against tiles of 8 activation rows, and gemm's groups of 8 weight rows
+    against tiles of activation rows in its lanes (K-quants: AVX-512 16 from
+    16 rows, AVX2 8 from 32 rows; 32-column blocks: AVX-512 16 from 16 rows);
+    the last group and tile of each short (70 weight rows; 9, 16, 19 and 35
+    activation rows, and 12, 22 and 43 with edge rows among them; 512, 2048
+    and 2304 columns); a permuted weight too. Each output is its own row's
+    dot, so tiling changes no bit."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(9)
     for cols in (512, 2048, 2304):

@@ -240,7 +240,7 @@ static int short_group(const Mat *m) {
 #endif
 }
 
-#include "qdot_gemm_k.h"
+#include "qdot_gemm.h"
 
 static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
     const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
@@ -276,27 +276,30 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
 }
 
 /* An input of a call: n rows of cols float32, quantised once per block size its matrices need
- * (vector builds, rows enough for gemm_k: K-quant blocks also as its tiles). */
+ * (vector builds, for the matrices gemm takes: also as its tiles, t[0] 32-column blocks, t[1]
+ * K-quant superblocks). */
 typedef struct {
     const float *x;
     int64_t n, cols;
     Acts a[2];
 #if defined(__AVX2__)
-    Tiles t;
+    Tiles t[2];
 #endif
 } Input;
 
-/* whether a K-quant matrix takes gemm_k for n rows (else rows_k) */
-static inline int gemm_rows(int64_t n) {
+/* whether gemm takes a matrix of format f for n rows (else the row kernels) */
+static inline int gemm_rows(int f, int64_t n) {
 #if defined(__AVX2__)
-    return n >= GEMM_MIN_ROWS;
+    return gemm_takes(f, n);
 #else
-    (void)n;
+    (void)f; (void)n;
     return 0;
 #endif
 }
 
-static int quantize_input(Input *in, const int need[2]) {
+/* need[kq]: a matrix reads the input in blocks of 32 columns (0) or 256 (1); need[2 + kq]: gemm
+ * takes one of them */
+static int quantize_input(Input *in, const int need[4]) {
     for (int kq = 0; kq < 2; kq++) {
         if (!need[kq]) continue;
         const int64_t fb = kq ? 256 : 32, n = in->n, cols = in->cols;
@@ -308,7 +311,7 @@ static int quantize_input(Input *in, const int need[2]) {
         if (!a->q || !a->d || !a->s16 || !a->s32) return -1;
         vk_q8_quantize(in->x, n, cols, fb, a->q, a->d, a->s16, a->s32);
 #if defined(__AVX2__)
-        if (kq && gemm_rows(n) && tiles_build(&in->t, a, n, cols)) return -1;
+        if (need[2 + kq] && tiles_build(&in->t[kq], a, n, cols, fb)) return -1;
 #endif
     }
     return 0;
@@ -328,9 +331,12 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     int failed = 0;
     int64_t total = 0, cols = 0, n = 0;
     for (int i = 0; i < nin && !failed; i++) {
-        int need[2] = {0, 0};
+        int need[4] = {0, 0, 0, 0};
         for (int k = 0; k < count; k++)
-            if (at[k] == i) need[mats[k].fmt >= F_Q2_K] = 1;
+            if (at[k] == i) {
+                need[mats[k].fmt >= F_Q2_K] = 1;
+                need[2 + (mats[k].fmt >= F_Q2_K)] |= gemm_rows(mats[k].fmt, ins[i].n);
+            }
         failed = quantize_input(&ins[i], need);
         cols = ins[i].cols > cols ? ins[i].cols : cols;
         n = ins[i].n > n ? ins[i].n : n;
@@ -346,9 +352,9 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                  sl = (sizeof(float) * (size_t)(8 * n + 8) + 63) / 64 * 64;
     /* whole pages a thread, a page apart: neighbouring threads' scratch on shared or adjacent lines
      * cost a third of the 2-thread rate (the adjacent-line prefetcher pairs lines across them) */
-    size_t gk = 0;              /* gemm_k's unpacked weight group and its lanes */
-    for (int i = 0; i < nin; i++)
-        if (gemm_rows(ins[i].n) && ins[i].a[1].q) gk = 1;
+    size_t gk = 0;              /* gemm's unpacked weight group and its lanes */
+    for (int k = 0; k < count; k++)
+        if (gemm_rows(mats[k].fmt, ins[at[k]].n)) gk = 1;
 #if defined(__AVX2__)
     if (gk) gk = unpacked_bytes(cols);
 #endif
@@ -383,10 +389,10 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
             int64_t chunk = m->rows / (4 * threads);
             chunk = chunk < 8 ? 8 : chunk > 256 ? 256 : chunk;
 #if defined(__AVX2__)
-            if (m->fmt >= F_Q2_K && gemm_rows(in->n)) {
+            if (gemm_rows(m->fmt, in->n)) {
                 const int64_t groups = (m->rows + GW - 1) / GW;
                 #pragma omp for schedule(dynamic, 1) nowait
-                for (int64_t gi = 0; gi < groups; gi++) gemm_k(m, gi, &in->t, in->n, &ug, gl);
+                for (int64_t gi = 0; gi < groups; gi++) gemm(m, gi, &in->t[m->fmt >= F_Q2_K], in->n, &ug, gl);
                 continue;
             }
 #endif
@@ -434,7 +440,8 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
         {
         for (int kq = 0; kq < 2; kq++) { free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32); }
 #if defined(__AVX2__)
-        tiles_free(&ins[i].t);
+        tiles_free(&ins[i].t[0]);
+        tiles_free(&ins[i].t[1]);
 #endif
     }
     return failed ? -1 : 0;

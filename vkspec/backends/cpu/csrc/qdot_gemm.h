@@ -1,17 +1,23 @@
-/* K-quant rows against several activation rows (vector builds; included by qdot.c before its
- * matrix loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight
- * row's group scales, zero point, mins and float scales apply to all of them at once and no lane
- * is summed across. Each output is rows_k_at's value for its one (activation row, weight row) pair:
+/* Block rows against several activation rows (vector builds; included by qdot.c before its matrix
+ * loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight row's
+ * scales, zero point, mins and float scales apply to all of them at once and no lane is summed
+ * across. gemm_k takes K-quant rows; gemm_b32 (AVX-512 builds) rows of 32-column blocks (Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q8_0). Each output is rows_k_at's or row_b32_at's value for its one
+ * (activation row, weight row) pair:
  *
  * - the integer sums are exact in any order. The activations are stored as q + 128 (vpdpbusd
- *   takes its unsigned bytes from them, its signed ones from the weights' values, which fit
- *   int8; AVX2's vpmaddubsw pairs stay below 2 x 255 x 63 < 2**15, unsaturated), so s1 = sum_g sc_g (u_g . (q_g + 128)) - 128 sum_g sc_g sum(u_g): per 16 columns
- *   |sum| <= 16 x 255 x 63, times |sc| <= 128, over 16 groups, stays below 2**31;
- * - the float part is sb_floats' per lane: (dw dx) s1, then - (mw dx) s2, into lane b mod 8 of
- *   the row's eight from +0, then fold8's order.
+ *   takes its unsigned bytes from them, its signed ones from the weights' values, which fit int8;
+ *   AVX2's vpmaddubsw pairs stay below 2 x 255 x 63 < 2**15, unsaturated, for the K-quants'
+ *   values), and 128 times the weights' own sums is taken out: a K-quant superblock's
+ *   s1 = sum_g sc_g (u_g . (q_g + 128)) - 128 sum_g sc_g sum(u_g), where per 16 columns
+ *   |sum| <= 16 x 255 x 63, times |sc| <= 128, over 16 groups, stays below 2**31; a 32-column
+ *   block's u . (q + 128) - 128 sum(u), |u . (q + 128)| <= 32 x 255 x 128;
+ * - the float part is the row kernels' per lane: for a superblock (dw dx) s1, then - (mw dx) s2;
+ *   for a block (dw dx) s1, then + (mw dx) sum(q); into lane b mod 8 of the row's eight from +0,
+ *   then fold8's order.
  *
- * A weight group (8 rows) is unpacked once into bytes and per-superblock integer scales, then
- * met by every tile of activation rows in turn. */
+ * A weight group (8 rows) is unpacked once into bytes and per-block integer and float scales,
+ * then met by every tile of activation rows in turn. */
 #if defined(__AVX2__)
 /* Weight rows a group; activation rows a tile, and the fewest rows that take gemm_k (fewer take
  * rows_k): 16 lanes from 16 rows in zmm; 8 lanes from 32 rows in ymm (AVX2's vpmaddubsw
@@ -22,20 +28,22 @@ enum { GW = 8, LANES = 16, GEMM_MIN_ROWS = 16 };
 enum { GW = 8, LANES = 8, GEMM_MIN_ROWS = 32 };
 #endif
 
-/* the activation rows of one input, a tile of LANES at a time, lane r row LANES t + r (rows past
- * n: q = 0, dx = 0, their outputs never written) */
+/* the activation rows of one input quantised with fb-column blocks, a tile of LANES at a time, lane
+ * r row LANES t + r (rows past n: q = 0, dx = 0, their outputs never written) */
 typedef struct {
     uint8_t *q;         /* [tile][cols / 4][LANES][4]: q + 128 */
-    float *dx;          /* [tile][superblock][LANES] */
-    int32_t *s16;       /* [tile][superblock][8][LANES]: int16 pairs (s16[2p], s16[2p + 1]) */
+    float *dx;          /* [tile][block][LANES] */
+    int32_t *sums;      /* [tile][superblock][8][LANES]: int16 pairs (s16[2p], s16[2p + 1]); for
+                         * 32-column blocks [tile][block][LANES]: s32 */
 } Tiles;
 
-static int tiles_build(Tiles *t, const Acts *a, int64_t n, int64_t cols) {
-    const int64_t lanes = LANES, nt = (n + lanes - 1) / lanes, nb = cols / 256, quads = cols / 4;
+static int tiles_build(Tiles *t, const Acts *a, int64_t n, int64_t cols, int64_t fb) {
+    const int64_t lanes = LANES, nt = (n + lanes - 1) / lanes, nb = cols / fb, quads = cols / 4;
+    const int64_t per = fb == 256 ? 8 : 1;          /* sums a block */
     t->q = aligned_alloc(64, (size_t)(nt * quads * 4 * lanes));
     t->dx = aligned_alloc(64, (sizeof(float) * (size_t)(nt * nb * lanes) + 63) / 64 * 64);
-    t->s16 = aligned_alloc(64, sizeof(int32_t) * (size_t)(nt * nb * 8 * lanes));
-    if (!t->q || !t->dx || !t->s16) return -1;
+    t->sums = aligned_alloc(64, (sizeof(int32_t) * (size_t)(nt * nb * per * lanes) + 63) / 64 * 64);
+    if (!t->q || !t->dx || !t->sums) return -1;
     for (int64_t ti = 0; ti < nt; ti++)
         for (int r = 0; r < lanes; r++) {
             const int64_t row = lanes * ti + r;
@@ -47,23 +55,28 @@ static int tiles_build(Tiles *t, const Acts *a, int64_t n, int64_t cols) {
             }
             for (int64_t b = 0; b < nb; b++) {
                 t->dx[(ti * nb + b) * lanes + r] = row < n ? a->d[row * nb + b] : 0.0f;
+                if (fb == 32) {
+                    t->sums[(ti * nb + b) * lanes + r] = row < n ? a->s32[row * nb + b] : 0;
+                    continue;
+                }
                 for (int p = 0; p < 8; p++) {
                     uint32_t v = 0;
                     if (row < n) {
                         const int16_t *s = a->s16 + row * (cols / 16) + 16 * b + 2 * p;
                         v = (uint32_t)(uint16_t)s[0] | (uint32_t)(uint16_t)s[1] << 16;
                     }
-                    t->s16[((ti * nb + b) * 8 + p) * lanes + r] = (int32_t)v;
+                    t->sums[((ti * nb + b) * 8 + p) * lanes + r] = (int32_t)v;
                 }
             }
         }
     return 0;
 }
 
-static void tiles_free(Tiles *t) { free(t->q); free(t->dx); free(t->s16); }
+static void tiles_free(Tiles *t) { free(t->q); free(t->dx); free(t->sums); }
 
-/* a weight group unpacked: per row, its values as bytes and per superblock its 16 group scales,
- * 8 int16 pairs of m16 (zero point times scale, or mins), 128 sum_g sc_g sum(u_g), dw and mw */
+/* a weight group unpacked: per row, its values as bytes and per block 128 times its integer sum
+ * (K-quants: sum_g sc_g sum(u_g)), dw and mw; per superblock also its 16 group scales and 8 int16
+ * pairs of m16 (zero point times scale, or mins) */
 typedef struct {
     uint8_t *u;         /* [GW][cols] */
     int32_t *sc;        /* [GW][nb][16] */
@@ -72,14 +85,15 @@ typedef struct {
     float *dw, *mw;     /* [GW][nb] */
 } Unpacked;
 
-/* its bytes, and the lanes' floats (GW x 8 x LANES), 64-byte aligned pieces */
+/* its bytes, and the lanes' floats (GW x 8 x LANES), 64-byte aligned pieces, for rows of cols
+ * columns in either block size */
 static size_t unpacked_bytes(int64_t cols) {
-    const size_t nb = (size_t)(cols / 256);
+    const size_t nb = (size_t)(cols / 32);
     return GW * ((size_t)cols + nb * (64 + 32 + 4 + 4 + 4)) + sizeof(float) * GW * 8 * LANES + 8 * 64;
 }
 
 static void unpacked_carve(char *p, int64_t cols, Unpacked *g, float **L) {
-    const size_t nb = (size_t)(cols / 256);
+    const size_t nb = (size_t)(cols / 32);
     p = (char *)(((uintptr_t)p + 63) / 64 * 64);
     *L = (float *)p; p += sizeof(float) * GW * 8 * LANES;
     g->u = (uint8_t *)p; p += GW * (size_t)cols;
@@ -92,7 +106,7 @@ static void unpacked_carve(char *p, int64_t cols, Unpacked *g, float **L) {
 
 static const int8_t ONES[256] __attribute__((aligned(64))) = {[0 ... 255] = 1};
 
-static inline __attribute__((always_inline)) void unpack_group(const Mat *m, int64_t i0, Unpacked *g, const int f) {
+static inline __attribute__((always_inline)) void unpack_k(const Mat *m, int64_t i0, Unpacked *g, const int f) {
     const int64_t nb = m->cols / 256, bb = BLOCK_BYTES[f];
     const int at = f == F_Q2_K ? 80 : f == F_Q3_K ? 106 : f == F_Q6_K ? 206 : 0, pair = f != F_Q3_K && f != F_Q6_K;
     for (int w = 0; w < GW; w++) {
@@ -131,7 +145,32 @@ static inline __attribute__((always_inline)) void unpack_group(const Mat *m, int
     }
 }
 
-#define TILE_FN gemm_k_tile
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* rows of 32-column blocks (values32's formats) */
+static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64_t i0, Unpacked *g, const int f) {
+    const int64_t nb = m->cols / 32, bb = BLOCK_BYTES[f];
+    const int mins = f == F_Q4_1 || f == F_Q5_1;
+    for (int w = 0; w < GW; w++) {
+        const int64_t i = i0 + w < m->rows ? i0 + w : i0;
+        const uint8_t *row = m->w + (m->order ? m->order[i] : i) * m->row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = row + bb * b;
+            const int64_t k = w * nb + b;
+            const __m256i v = values32(f, p);
+            _mm256_storeu_si256((__m256i *)(g->u + w * m->cols + 32 * b), v);
+            /* the sum of its values: Q8_0's signed, by their offset from -128 */
+            const __m256i s = _mm256_sad_epu8(f == F_Q8_0 ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v,
+                                              _mm256_setzero_si256());
+            int64_t l[4];
+            _mm256_storeu_si256((__m256i *)l, s);
+            g->c[k] = 128 * ((int32_t)(l[0] + l[1] + l[2] + l[3]) - (f == F_Q8_0 ? 32 * 128 : 0));
+            g->dw[k] = f16(p);
+            g->mw[k] = mins ? f16(p + 2) : 0.0f;
+        }
+    }
+}
+#endif
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define VI __m512i
 #define VF __m512
@@ -176,23 +215,45 @@ static inline __attribute__((always_inline)) void unpack_group(const Mat *m, int
 #define V_DOT2(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #endif
-#include "qdot_gemm_k_tile.h"
+#include "qdot_gemm_tile.h"
 
 /* weight group gi of m against every tile, one format at a time */
-static inline __attribute__((always_inline)) void gemm_k_at(const Mat *m, int64_t gi, const Tiles *t, int64_t n,
-                                                            Unpacked *g, float *L, const int f) {
-    unpack_group(m, GW * gi, g, f);
+static inline __attribute__((always_inline)) void gemm_at(const Mat *m, int64_t gi, const Tiles *t, int64_t n,
+                                                          Unpacked *g, float *L, const int f) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (f < F_Q2_K) {
+        unpack_b32(m, GW * gi, g, f);
+        for (int64_t ti = 0; ti < (n + LANES - 1) / LANES; ti++) gemm_b32_tile(m, GW * gi, g, t, ti, n, L, f);
+        return;
+    }
+#endif
+    unpack_k(m, GW * gi, g, f);
     for (int64_t ti = 0; ti < (n + LANES - 1) / LANES; ti++) gemm_k_tile(m, GW * gi, g, t, ti, n, L, f);
 }
 
-/* one instance per format: its shifts, masks and scale groups are constants */
-static void gemm_k(const Mat *m, int64_t gi, const Tiles *t, int64_t n, Unpacked *g, float *L) {
+/* whether gemm takes a matrix of format f for n rows (else the row kernels) */
+static inline int gemm_takes(int f, int64_t n) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (f <= F_Q8_0) return n >= GEMM_MIN_ROWS;
+#endif
+    return f >= F_Q2_K && n >= GEMM_MIN_ROWS;
+}
+
+/* one instance per format: its shifts, masks and scales are constants */
+static void gemm(const Mat *m, int64_t gi, const Tiles *t, int64_t n, Unpacked *g, float *L) {
     switch (m->fmt) {
-    case F_Q2_K: gemm_k_at(m, gi, t, n, g, L, F_Q2_K); return;
-    case F_Q3_K: gemm_k_at(m, gi, t, n, g, L, F_Q3_K); return;
-    case F_Q4_K: gemm_k_at(m, gi, t, n, g, L, F_Q4_K); return;
-    case F_Q5_K: gemm_k_at(m, gi, t, n, g, L, F_Q5_K); return;
-    default:     gemm_k_at(m, gi, t, n, g, L, F_Q6_K); return;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    case F_Q4_0: gemm_at(m, gi, t, n, g, L, F_Q4_0); return;
+    case F_Q4_1: gemm_at(m, gi, t, n, g, L, F_Q4_1); return;
+    case F_Q5_0: gemm_at(m, gi, t, n, g, L, F_Q5_0); return;
+    case F_Q5_1: gemm_at(m, gi, t, n, g, L, F_Q5_1); return;
+    case F_Q8_0: gemm_at(m, gi, t, n, g, L, F_Q8_0); return;
+#endif
+    case F_Q2_K: gemm_at(m, gi, t, n, g, L, F_Q2_K); return;
+    case F_Q3_K: gemm_at(m, gi, t, n, g, L, F_Q3_K); return;
+    case F_Q4_K: gemm_at(m, gi, t, n, g, L, F_Q4_K); return;
+    case F_Q5_K: gemm_at(m, gi, t, n, g, L, F_Q5_K); return;
+    default:     gemm_at(m, gi, t, n, g, L, F_Q6_K); return;
     }
 }
 #endif
