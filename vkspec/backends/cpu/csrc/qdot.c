@@ -14,7 +14,9 @@
  * to a group of 8: rows_k_short), and a 32-column-block row the same way
  * when one row is fed (row_b32_raw);
  * with more rows such a row is decoded once into bytes (decode_row) and
- * shared. Plain C decodes every row. Each row's bits stay its own.
+ * shared. Many activation rows (a prompt's block) take gemm (qdot_gemm.h):
+ * tiles whose vector lanes are activation rows, so that nothing is summed
+ * across lanes. Plain C decodes every row. Each row's bits stay its own.
  */
 #include <stdint.h>
 #include <stdlib.h>
