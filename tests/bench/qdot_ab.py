@@ -1,0 +1,89 @@
+"""Two builds of the q8 kernel library side by side in one process: the same
+calls on the same weights, the libraries alternated round by round, and
+whether they gave the same bits.
+
+    python tests/bench/qdot_ab.py gemv MODEL.gguf A.so B.so [--rows 1,16,186]
+    python tests/bench/qdot_ab.py forward MODEL.gguf A.so B.so [--rows 186]
+
+gemv times one call of the first layer's MLP gate and up (one input, two
+matrices) at each row count; forward times a prompt's forward of random ids
+from an empty state (the last row's logits). A library of another commit:
+``git worktree add /tmp/old REV`` and ``python /tmp/old/vkspec/backends/cpu/
+csrc/build.py``, which prints the paths it built (qdot_avx512_*.so and the
+others). Timings on a shared machine move by a tenth or more from run to
+run; only the two columns of one run compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+
+import numpy as np
+
+from vkspec.backends.cpu import qdot
+
+
+def load(path: str):
+    """A library with qdot's entry points typed as qdot.lib() types them."""
+    lib = ctypes.CDLL(path)
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.vk_q8_quantize.argtypes = [p, i64, i64, i64, p, p, p, p]
+    lib.vk_q8_quantize.restype = None
+    lib.vk_q8_gemvs.argtypes = [p, ctypes.c_int, p, i64, ctypes.c_int]
+    lib.vk_q8_gemvs.restype = ctypes.c_int
+    lib.vk_q8_gemvs_each.argtypes = [p, ctypes.c_int, p, p, ctypes.c_int]
+    lib.vk_q8_gemvs_each.restype = ctypes.c_int
+    return lib
+
+
+def alternate(libs, chosen, run, rounds):
+    """Best time and the outputs' bytes of each library, run() under each in turn."""
+    best, outs = [float("inf")] * len(libs), [set() for _ in libs]
+    for r in range(rounds):
+        for i in (range(len(libs)) if r % 2 == 0 else reversed(range(len(libs)))):
+            chosen[0] = libs[i]
+            t = time.perf_counter()
+            out = run()
+            best[i] = min(best[i], time.perf_counter() - t)
+            outs[i].add(out)
+    return best, outs[0] == outs[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("gemv", "forward"))
+    ap.add_argument("model")
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--rows", default=None, help="comma-separated row counts")
+    ap.add_argument("--rounds", type=int, default=6)
+    args = ap.parse_args()
+    libs = [load(args.a), load(args.b)]
+    chosen = [libs[0]]
+    qdot.lib = lambda: chosen[0]               # jit_qdot.bind() follows qdot.lib too
+    from vkspec.loader import load_model
+    m = load_model(args.model, backend="cpu", ctx=1024, activations="q8")
+    m.warm()
+    rng = np.random.default_rng(0)
+    rows = [int(r) for r in (args.rows or ("1,16,186" if args.what == "gemv" else "186")).split(",")]
+    print(f"| rows | {args.a} | {args.b} | B / A | same bits |\n| --- | --- | --- | --- | --- |")
+    for n in rows:
+        if args.what == "gemv":
+            mats = [m.w.layers[0].ffn.gate, m.w.layers[0].ffn.up]
+            x = rng.standard_normal((n, mats[0].cols)).astype(np.float32)
+
+            def run():
+                return b"".join(y.tobytes() for y in qdot.gemvs(mats, x))
+        else:
+            ids = rng.integers(0, min(1000, m.cfg.vocab_size), n).tolist()
+
+            def run():
+                return m.forward(ids, m.new_state(), logits_rows="last")[1].tobytes()
+        (ta, tb), same = alternate(libs, chosen, run, args.rounds)
+        print(f"| {n} | {ta * 1e3:.2f} ms | {tb * 1e3:.2f} ms | {tb / ta:.3f} | {same} |")
+
+
+if __name__ == "__main__":
+    main()
