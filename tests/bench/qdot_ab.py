@@ -17,25 +17,11 @@ run; only the two columns of one run compare.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 
 import numpy as np
 
 from vkspec.backends.cpu import qdot
-
-
-def load(path: str):
-    """A library with qdot's entry points typed as qdot.lib() types them."""
-    lib = ctypes.CDLL(path)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.vk_q8_quantize.argtypes = [p, i64, i64, i64, p, p, p, p]
-    lib.vk_q8_quantize.restype = None
-    lib.vk_q8_gemvs.argtypes = [p, ctypes.c_int, p, i64, ctypes.c_int]
-    lib.vk_q8_gemvs.restype = ctypes.c_int
-    lib.vk_q8_gemvs_each.argtypes = [p, ctypes.c_int, p, p, ctypes.c_int]
-    lib.vk_q8_gemvs_each.restype = ctypes.c_int
-    return lib
 
 
 def alternate(libs, chosen, run, rounds):
@@ -60,7 +46,7 @@ def main() -> None:
     ap.add_argument("--rows", default=None, help="comma-separated row counts")
     ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
-    libs = [load(args.a), load(args.b)]
+    libs = [qdot.open_library(args.a), qdot.open_library(args.b)]
     chosen = [libs[0]]
     qdot.lib = lambda: chosen[0]               # jit_qdot.bind() follows qdot.lib too
     from vkspec.loader import load_model

@@ -54,6 +54,12 @@ def _lib(v: str):
     path = Path(build.HERE / "lib" / build.lib_name(v))
     if not path.exists():
         path = build.compile_one(v, cache_root() / "qdot")
+    return open_library(path)
+
+
+def open_library(path):
+    """The kernel library at path, its entry points typed (tests/bench/qdot_ab.py
+    opens another commit's build this way)."""
     lib = ctypes.CDLL(str(path))
     lib.vk_q8_quantize.argtypes = [_P, _I, _I, _I, _P, _P, _P, _P]
     lib.vk_q8_quantize.restype = None
