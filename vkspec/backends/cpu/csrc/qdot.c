@@ -355,10 +355,9 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     /* whole pages a thread, a page apart: neighbouring threads' scratch on shared or adjacent lines
      * cost a third of the 2-thread rate (the adjacent-line prefetcher pairs lines across them) */
     size_t gk = 0;              /* gemm's unpacked weight group and its lanes */
-    for (int k = 0; k < count; k++)
-        if (gemm_rows(mats[k].fmt, ins[at[k]].n)) gk = 1;
 #if defined(__AVX2__)
-    if (gk) gk = unpacked_bytes(cols);
+    for (int k = 0; k < count && !gk; k++)
+        if (gemm_rows(mats[k].fmt, ins[at[k]].n)) gk = unpacked_bytes(cols);
 #endif
     const size_t per = (su + 2 * sf + 2 * s8 + sp + sl + gk + 4095) / 4096 * 4096 + 4096;
     char *scratch = failed ? 0 : aligned_alloc(a64, per * (size_t)threads);
@@ -439,13 +438,12 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
     }
     free(scratch);
     for (int i = 0; i < nin; i++)
-        {
-        for (int kq = 0; kq < 2; kq++) { free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32); }
+        for (int kq = 0; kq < 2; kq++) {
+            free(ins[i].a[kq].q); free(ins[i].a[kq].d); free(ins[i].a[kq].s16); free(ins[i].a[kq].s32);
 #if defined(__AVX2__)
-        tiles_free(&ins[i].t[0]);
-        tiles_free(&ins[i].t[1]);
+            tiles_free(&ins[i].t[kq]);
 #endif
-    }
+        }
     return failed ? -1 : 0;
 }
 
