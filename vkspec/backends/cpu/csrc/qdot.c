@@ -150,6 +150,7 @@ static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int6
     for (int64_t b = 0; b < nb; b += 8) {
         const int cnt = nb - b < 8 ? (int)(nb - b) : 8;
         const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
+        if (raw >= 0) prefetch_ahead(w->raw + (int64_t)BLOCK_BYTES[raw] * b, 8 * BLOCK_BYTES[raw]);
         I8 p[8];
         for (int k = 0; k < 8; k++) {
             if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }

@@ -138,7 +138,10 @@ static inline __attribute__((always_inline)) void rows_k_at(
         __m256i m16[8];
         /* the integer parts first, in the bytes' order: reading the 8 float scales first touched 8
          * superblocks' lines ahead of the stream, and one thread waited on memory for most of a row */
-        for (int j = 0; j < rem; j++) sb_rows(f, w->raw + bb * (b + j), q, n, cols, 256 * (b + j), P, j, &m16[j]);
+        for (int j = 0; j < rem; j++) {
+            prefetch_ahead(w->raw + bb * (b + j), bb);
+            sb_rows(f, w->raw + bb * (b + j), q, n, cols, 256 * (b + j), P, j, &m16[j]);
+        }
         sb_floats_held(f, w->raw + bb * b, bb, rem, &dw, &mw);
         for (int64_t r = 0; r < n; r++) {
             const int16_t *sr[8];
@@ -161,7 +164,10 @@ static inline __attribute__((always_inline)) void rows_k_short_at(
     const int bb = BLOCK_BYTES[f], slots = g * (int)nb;
     __m256 dw, mw;
     __m256i m16[8];
-    for (int j = 0; j < slots; j++) sb_rows(f, raw + bb * j, q, n, cols, 256 * (j % nb), P, j, &m16[j]);
+    for (int j = 0; j < slots; j++) {
+        prefetch_ahead(raw + bb * j, bb);
+        sb_rows(f, raw + bb * j, q, n, cols, 256 * (j % nb), P, j, &m16[j]);
+    }
     sb_floats_held(f, raw, bb, slots, &dw, &mw);     /* after: as in rows_k_at */
     for (int64_t r = 0; r < n; r++) {
         const int16_t *sr[8];
