@@ -121,6 +121,19 @@ def mlp_q8(x, norm, eps, inv_h, gate_up, down, inter, act, threads):
     return y
 
 
+@njit(boundscheck=False, error_model="numpy", cache=True)
+def layer_q8(x, norm, post_norm, eps, inv_h, qkv, o, qb, kb, vb, ob, q_norm, k_norm, inv_hd, nh, nkv, hd, gated,
+             kc, vc, pos, window, scale, cos, sin, gate_up, down, inter, act, threads):
+    """A sequential layer (layer_graph.SEQUENTIAL) whose attention and MLP
+    both take q8, in one call: h = x + attention_q8 of x under norm, then h +
+    mlp_q8 of h under post_norm; each add one float32 rounding, as NumPy's.
+    Why: one dispatch a layer, without the Python of CpuModel.layer's graph
+    walk between the two sublayers' calls."""
+    h = x + attention_q8(x, norm, eps, inv_h, qkv, o, qb, kb, vb, ob, q_norm, k_norm, inv_hd, nh, nkv, hd, gated,
+                         kc, vc, pos, window, scale, cos, sin, threads)
+    return h + mlp_q8(h, post_norm, eps, inv_h, gate_up, down, inter, act, threads)
+
+
 def machine_code() -> str:
     """The kernels' assembly (numba_cache.machine_code), on a tiny int8 layer."""
     from ...formats.matrix import f32

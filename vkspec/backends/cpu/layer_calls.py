@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats.matrix import QWeight
+from ...layer_graph import SEQUENTIAL, Norm
 from ...weights import AttnW, LayerW, MlpW, MoeW
 from . import jit, jit_attend, jit_blocks, jit_math, jit_qdot, jit_sublayer, qdot
 from .deltanet_calls import DeltaNetCalls, deltanet_mode
@@ -106,6 +107,10 @@ class LayerCalls:
         # what CpuModel.layer calls for each sublayer (None: the general path)
         self.run_mixer = self.mixer if self.attn else (None if self.delta is None else self.delta.mixer)
         self.run_ffn = self.ffn if self.mlp else None
+        # the whole layer in one call (jit_sublayer.layer_q8) where both sublayers are q8 and in sequence
+        self.whole = self.attn == "q8" and self.mlp == "q8" and lw.graph == SEQUENTIAL
+        if self.whole:
+            self.layer_norms = tuple(self.norms[s.weight] for s in lw.graph.steps if isinstance(s, Norm))
 
     def add(self, lw, x, y, norm):
         """x + y, or x + rmsnorm(y) under a sandwich norm (ops.rmsnorm's residual variant)."""
@@ -140,6 +145,16 @@ class LayerCalls:
         o = np.empty((n, self.o_rows), F)
         jit_blocks._gemv(*self.o, att, _NONE1, F(0), _NONE2, 0, o, o, o)
         return o if self.biases[3] is None else o + self.biases[3]
+
+    def layer(self, x, pos, rope, kc, vc):
+        """The layer's output for rows x (where ``whole``): CpuModel.layer's steps in one call."""
+        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+        jit_qdot.bind()
+        return jit_sublayer.layer_q8(np.ascontiguousarray(x, dtype=F), *self.layer_norms, self.eps, self.inv_h,
+                                     self.qkv_words, self.o_words, *self.q8_args, kc, vc,
+                                     np.ascontiguousarray(pos, dtype=np.int64), self.window, self.scale,
+                                     *(np.ascontiguousarray(t, dtype=F) for t in rope), self.gu_words,
+                                     self.down_words, self.inter, self.act, qdot.THREADS)
 
     def ffn(self, lw, h):
         x, norm = h[0], self.norms[h[1]]

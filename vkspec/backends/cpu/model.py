@@ -132,6 +132,8 @@ class CpuModel:
         through ops. h is carried as (x, norm name): each sublayer norms it in
         its first GEMV's call."""
         calls = layer_calls(lw, self.cfg)
+        if calls is not None and calls.whole:
+            return calls.layer(x, pos, self.rope_at(lw.mixer.rope_theta, pos), s1, s2)
         mixer = (calls is not None and calls.run_mixer) or self.mixer
         ffn = (calls is not None and calls.run_ffn) or self.ffn
         add = self.add if calls is None else calls.add
