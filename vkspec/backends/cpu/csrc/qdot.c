@@ -172,6 +172,15 @@ static inline float fold8(const float *l) {
 }
 
 #if defined(__AVX2__)
+/* fold8 of a register's lanes, by shuffles: the same sums in the same order */
+static inline float fold8_lanes(__m256 l) {
+    const __m128 a = _mm_add_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));    /* a_k = l_k + l_k+4 */
+    const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));                                    /* a0 + a2, a1 + a3 */
+    return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+#endif
+
+#if defined(__AVX2__)
 /* block k's 32 values: raw < 0, from the decoded row; else from its bytes in format raw (constant) */
 static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64_t k, int raw) {
     if (raw < 0) return _mm256_loadu_si256((const __m256i *)(w->u + 32 * k));

@@ -129,7 +129,9 @@ static inline __attribute__((always_inline)) void rows_k_at(
         const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
         int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L, const int f) {
     const int bb = BLOCK_BYTES[f];
-    for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
+    __m256 one = _mm256_setzero_ps();           /* n == 1: the row's lanes stay in a register */
+    if (n > 1)
+        for (int64_t r = 0; r < 8 * n; r++) L[r] = 0.0f;
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < nb; b += 8) {
         const int rem = nb - b < 8 ? (int)(nb - b) : 8;
@@ -148,8 +150,13 @@ static inline __attribute__((always_inline)) void rows_k_at(
             for (int j = 0; j < 8; j++) sr[j] = s16 + r * (cols / 16) + 16 * (b + j);
             const __m256 a = sb_floats(P + 8 * r, m16, sr, rem, z, mins, dw, mw,
                                        _mm256_maskload_ps(dx + r * nb + b, live));
-            _mm256_storeu_ps(L + 8 * r, _mm256_add_ps(_mm256_loadu_ps(L + 8 * r), a));
+            if (n == 1) one = _mm256_add_ps(one, a);
+            else _mm256_storeu_ps(L + 8 * r, _mm256_add_ps(_mm256_loadu_ps(L + 8 * r), a));
         }
+    }
+    if (n == 1) {
+        y[0] = fold8_lanes(one);
+        return;
     }
     for (int64_t r = 0; r < n; r++) y[r * ys] = fold8(L + 8 * r);
 }
