@@ -299,6 +299,32 @@ static int short_group(const Mat *m) {
 
 #include "qdot_gemm.h"
 
+#if defined(__AVX2__)
+/* rows i0 .. i1 - 1 of a K-quant matrix against n activation rows, each as one_row does it: the
+ * loop inside the format's instance, so that its constants are made once a span, not once a row */
+static inline __attribute__((always_inline)) void rows_k_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                 int64_t n, void *P, float *L, const int f) {
+    Row o;
+    o.fmt = f;
+    o.block_bytes = BLOCK_BYTES[f];
+    for (int64_t i = i0; i < i1; i++) {
+        o.raw = m->w + (m->order ? m->order[i] : i) * m->row_bytes;
+        rows_k_at(&o, m->cols / 256, zero_point(f), has_mins(f), a->q, a->d, a->s16, n, m->cols, m->y + i, m->y_stride,
+                  (I8 *)P, L, f);
+    }
+}
+
+static void rows_k_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, void *P, float *L) {
+    switch (m->fmt) {
+    case F_Q2_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q2_K); return;
+    case F_Q3_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q3_K); return;
+    case F_Q4_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q4_K); return;
+    case F_Q5_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q5_K); return;
+    default:     rows_k_span_at(m, i0, i1, a, n, P, L, F_Q6_K); return;
+    }
+}
+#endif
+
 static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
     const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
@@ -467,6 +493,15 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
 #endif
                 continue;
             }
+#if defined(__AVX2__)
+            if (m->fmt >= F_Q2_K && in->n <= TILE) {       /* the chunks of dynamic(chunk), a call each */
+                const int64_t spans = (m->rows + chunk - 1) / chunk;
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int64_t c = 0; c < spans; c++)
+                    rows_k_span(m, c * chunk, (c + 1) * chunk < m->rows ? (c + 1) * chunk : m->rows, &in->a[1], in->n, P, L);
+                continue;
+            }
+#endif
             if (!TILED || m->fmt < F_Q2_K || in->n <= TILE) {
                 #pragma omp for schedule(dynamic, chunk) nowait
                 for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
