@@ -280,9 +280,6 @@ typedef struct {
 
 typedef struct { int8_t *q; float *d; int16_t *s16; int32_t *s32; } Acts;
 
-static inline int has_mins(int f) {
-    return f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
-}
 
 /* rows a group of rows_k_short takes from this matrix (0: row by row): K-quant rows of fewer than
  * 8 superblocks stored one after another */
@@ -482,14 +479,11 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
             if (g) {
 #if defined(__AVX2__)
                 const Acts *a = &in->a[1];
-                const int64_t groups = (m->rows + g - 1) / g;
-                #pragma omp for schedule(dynamic, (chunk + g - 1) / g) nowait
-                for (int64_t gi = 0; gi < groups; gi++) {
-                    const int64_t i0 = gi * g;
-                    rows_k_short(m->w + i0 * m->row_bytes, m->fmt, m->cols / 256, m->rows - i0 < g ? (int)(m->rows - i0) : g,
-                                 zero_point(m->fmt), has_mins(m->fmt), a->q, a->d, a->s16, in->n, m->cols,
-                                 m->y + i0, m->y_stride, (I8 *)P);
-                }
+                const int64_t groups = (m->rows + g - 1) / g, per = (chunk + g - 1) / g, spans = (groups + per - 1) / per;
+                #pragma omp for schedule(dynamic, 1) nowait
+                for (int64_t c = 0; c < spans; c++)
+                    rows_k_short(m->w, m->row_bytes, m->rows, c * per, (c + 1) * per < groups ? (c + 1) * per : groups,
+                                 m->fmt, m->cols / 256, g, a->q, a->d, a->s16, in->n, m->cols, m->y, m->y_stride, (I8 *)P);
 #endif
                 continue;
             }

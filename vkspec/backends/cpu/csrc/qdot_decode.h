@@ -43,6 +43,10 @@ static int zero_point(int f) {
     }
 }
 
+static inline int has_mins(int f) {
+    return f == F_Q4_1 || f == F_Q5_1 || f == F_Q2_K || f == F_Q4_K || f == F_Q5_K;
+}
+
 /* Q4_K/Q5_K's eight 6-bit (scale, min) pairs in 12 bytes (formats/ggml.py _k4_scales_mins),
  * four at a time as the bytes of a little-endian word: scales 0-7, then mins 0-7 */
 static inline void k4_words(const uint8_t *s, uint32_t *v) {

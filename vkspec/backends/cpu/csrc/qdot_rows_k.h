@@ -192,14 +192,27 @@ static inline __attribute__((always_inline)) void rows_k_short_at(
     }
 }
 
-static void rows_k_short(const uint8_t *raw, int fmt, int64_t nb, int g, int z, int mins, const int8_t *q,
-                         const float *dx, const int16_t *s16, int64_t n, int64_t cols, float *y, int64_t ys, I8 *P) {
+/* groups g0 .. g1 - 1 of a matrix of `rows` rows (group gi: rows g gi .. g gi + g - 1, the last
+ * one possibly short), the loop inside the format's instance: its constants made once a span */
+static inline __attribute__((always_inline)) void rows_k_short_span_at(
+        const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t g0, int64_t g1, int64_t nb, int g, const int8_t *q,
+        const float *dx, const int16_t *s16, int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, const int f) {
+    for (int64_t gi = g0; gi < g1; gi++) {
+        const int64_t i0 = gi * g;
+        rows_k_short_at(w + i0 * row_bytes, nb, rows - i0 < g ? (int)(rows - i0) : g, zero_point(f), has_mins(f), q, dx,
+                        s16, n, cols, y + i0, ys, P, f);
+    }
+}
+
+static void rows_k_short(const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t g0, int64_t g1, int fmt, int64_t nb,
+                         int g, const int8_t *q, const float *dx, const int16_t *s16, int64_t n, int64_t cols, float *y,
+                         int64_t ys, I8 *P) {
     switch (fmt) {
-    case F_Q2_K: rows_k_short_at(raw, nb, g, z, mins, q, dx, s16, n, cols, y, ys, P, F_Q2_K); return;
-    case F_Q3_K: rows_k_short_at(raw, nb, g, z, mins, q, dx, s16, n, cols, y, ys, P, F_Q3_K); return;
-    case F_Q4_K: rows_k_short_at(raw, nb, g, z, mins, q, dx, s16, n, cols, y, ys, P, F_Q4_K); return;
-    case F_Q5_K: rows_k_short_at(raw, nb, g, z, mins, q, dx, s16, n, cols, y, ys, P, F_Q5_K); return;
-    default:     rows_k_short_at(raw, nb, g, z, mins, q, dx, s16, n, cols, y, ys, P, F_Q6_K); return;
+    case F_Q2_K: rows_k_short_span_at(w, row_bytes, rows, g0, g1, nb, g, q, dx, s16, n, cols, y, ys, P, F_Q2_K); return;
+    case F_Q3_K: rows_k_short_span_at(w, row_bytes, rows, g0, g1, nb, g, q, dx, s16, n, cols, y, ys, P, F_Q3_K); return;
+    case F_Q4_K: rows_k_short_span_at(w, row_bytes, rows, g0, g1, nb, g, q, dx, s16, n, cols, y, ys, P, F_Q4_K); return;
+    case F_Q5_K: rows_k_short_span_at(w, row_bytes, rows, g0, g1, nb, g, q, dx, s16, n, cols, y, ys, P, F_Q5_K); return;
+    default:     rows_k_short_span_at(w, row_bytes, rows, g0, g1, nb, g, q, dx, s16, n, cols, y, ys, P, F_Q6_K); return;
     }
 }
 
