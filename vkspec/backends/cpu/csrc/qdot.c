@@ -311,6 +311,29 @@ static inline __attribute__((always_inline)) void rows_k_span_at(const Mat *m, i
     }
 }
 
+/* rows i0 .. i1 - 1 of a 32-column-block matrix (Q4_0 .. Q8_0) against one activation row, from
+ * their bytes (row_b32_raw's dot), the loop inside the format's instance */
+static inline __attribute__((always_inline)) void rows_b32_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                   const int f) {
+    Row o;
+    o.fmt = f;
+    o.block_bytes = BLOCK_BYTES[f];
+    for (int64_t i = i0; i < i1; i++) {
+        o.raw = m->w + (m->order ? m->order[i] : i) * m->row_bytes;
+        m->y[i] = row_b32_at(&o, m->cols / 32, zero_point(f), f == F_Q8_0, has_mins(f), a->q, a->d, a->s32, f);
+    }
+}
+
+static void rows_b32_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a) {
+    switch (m->fmt) {
+    case F_Q4_0: rows_b32_span_at(m, i0, i1, a, F_Q4_0); return;
+    case F_Q4_1: rows_b32_span_at(m, i0, i1, a, F_Q4_1); return;
+    case F_Q5_0: rows_b32_span_at(m, i0, i1, a, F_Q5_0); return;
+    case F_Q5_1: rows_b32_span_at(m, i0, i1, a, F_Q5_1); return;
+    default:     rows_b32_span_at(m, i0, i1, a, F_Q8_0); return;
+    }
+}
+
 static void rows_k_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, void *P, float *L) {
     switch (m->fmt) {
     case F_Q2_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q2_K); return;
@@ -488,11 +511,14 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                 continue;
             }
 #if defined(__AVX2__)
-            if (m->fmt >= F_Q2_K && in->n <= TILE) {       /* the chunks of dynamic(chunk), a call each */
+            if ((m->fmt >= F_Q2_K && in->n <= TILE) || (m->fmt <= F_Q8_0 && in->n == 1)) {   /* dynamic(chunk)'s chunks, a call each */
                 const int64_t spans = (m->rows + chunk - 1) / chunk;
                 #pragma omp for schedule(dynamic, 1) nowait
-                for (int64_t c = 0; c < spans; c++)
-                    rows_k_span(m, c * chunk, (c + 1) * chunk < m->rows ? (c + 1) * chunk : m->rows, &in->a[1], in->n, P, L);
+                for (int64_t c = 0; c < spans; c++) {
+                    const int64_t i0 = c * chunk, i1 = i0 + chunk < m->rows ? i0 + chunk : m->rows;
+                    if (m->fmt >= F_Q2_K) rows_k_span(m, i0, i1, &in->a[1], in->n, P, L);
+                    else rows_b32_span(m, i0, i1, &in->a[0]);
+                }
                 continue;
             }
 #endif
