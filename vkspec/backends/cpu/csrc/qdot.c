@@ -334,6 +334,32 @@ static void rows_b32_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a) {
     }
 }
 
+/* the same against 2 .. TILE activation rows: each row decoded once (decode_row) and met by every
+ * activation row (row_b32), the format's zero point, sign and mins constants of the instance */
+static inline __attribute__((always_inline)) void rows_b32_n_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                     int64_t n, Row *o, const int f) {
+    const int64_t cols = m->cols, nb = cols / 32;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t src = m->order ? m->order[i] : i;
+        decode_row(f, m->w + src * m->row_bytes, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
+        for (int64_t r = 0; r < n; r++)
+            m->y[r * m->y_stride + i] = row_b32_at(o, nb, zero_point(f), f == F_Q8_0 || f == F_INT8, has_mins(f),
+                                                   a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32), -1);
+    }
+}
+
+static void rows_b32_n_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, Row *o) {
+    switch (m->fmt) {
+    case F_Q4_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q4_0); return;
+    case F_Q4_1: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q4_1); return;
+    case F_Q5_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q5_0); return;
+    case F_Q5_1: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q5_1); return;
+    case F_Q8_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q8_0); return;
+    case F_INT8: rows_b32_n_span_at(m, i0, i1, a, n, o, F_INT8); return;
+    default:     rows_b32_n_span_at(m, i0, i1, a, n, o, F_INT4G64); return;
+    }
+}
+
 static void rows_k_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, void *P, float *L) {
     switch (m->fmt) {
     case F_Q2_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q2_K); return;
@@ -511,13 +537,14 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                 continue;
             }
 #if defined(__AVX2__)
-            if ((m->fmt >= F_Q2_K && in->n <= TILE) || (m->fmt <= F_Q8_0 && in->n == 1)) {   /* dynamic(chunk)'s chunks, a call each */
+            if (in->n <= TILE) {                            /* dynamic(chunk)'s chunks, a call each */
                 const int64_t spans = (m->rows + chunk - 1) / chunk;
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t c = 0; c < spans; c++) {
                     const int64_t i0 = c * chunk, i1 = i0 + chunk < m->rows ? i0 + chunk : m->rows;
                     if (m->fmt >= F_Q2_K) rows_k_span(m, i0, i1, &in->a[1], in->n, P, L);
-                    else rows_b32_span(m, i0, i1, &in->a[0]);
+                    else if (m->fmt <= F_Q8_0 && in->n == 1) rows_b32_span(m, i0, i1, &in->a[0]);
+                    else rows_b32_n_span(m, i0, i1, &in->a[0], in->n, &o);
                 }
                 continue;
             }
