@@ -1,8 +1,8 @@
 /* K-quant rows against q8 activation rows (included by qdot.c once, after the 32-column-block
  * rows and before the matrix loop): a superblock's integer sums (plain C from decoded bytes;
  * vector builds from its bytes held in registers, for every activation row at once), their
- * float parts in exact.py's order, and rows of fewer than 8 superblocks taken several to a
- * group of 8. */
+ * float parts in exact.py's order, rows of fewer than 8 superblocks taken several to a group
+ * of 8, and the span functions that run a chunk of rows a call. */
 #if defined(__AVX2__)
 #if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
 /* int32 lanes whose sum is sum_g sc_g * (u . q over group g) for one 256-column superblock, its
@@ -225,6 +225,30 @@ static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, c
     case F_Q4_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q4_K); return;
     case F_Q5_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q5_K); return;
     default:     rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q6_K); return;
+    }
+}
+
+/* rows i0 .. i1 - 1 of a K-quant matrix against n activation rows, each as one_row does it: the
+ * loop inside the format's instance, so that its constants are made once a span, not once a row */
+static inline __attribute__((always_inline)) void rows_k_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                 int64_t n, void *P, float *L, const int f) {
+    Row o;
+    o.fmt = f;
+    o.block_bytes = BLOCK_BYTES[f];
+    for (int64_t i = i0; i < i1; i++) {
+        o.raw = m->w + (m->order ? m->order[i] : i) * m->row_bytes;
+        rows_k_at(&o, m->cols / 256, zero_point(f), has_mins(f), a->q, a->d, a->s16, n, m->cols, m->y + i, m->y_stride,
+                  (I8 *)P, L, f);
+    }
+}
+
+static void rows_k_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, void *P, float *L) {
+    switch (m->fmt) {
+    case F_Q2_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q2_K); return;
+    case F_Q3_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q3_K); return;
+    case F_Q4_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q4_K); return;
+    case F_Q5_K: rows_k_span_at(m, i0, i1, a, n, P, L, F_Q5_K); return;
+    default:     rows_k_span_at(m, i0, i1, a, n, P, L, F_Q6_K); return;
     }
 }
 #endif

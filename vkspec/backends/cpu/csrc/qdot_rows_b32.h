@@ -1,0 +1,136 @@
+/* 32-column-block rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; int8 and int4-g64 decoded) against q8
+ * activation rows (included by qdot.c once, after the types and before the K-quant rows): one
+ * activation row reads a row's blocks from their bytes (row_b32_raw), more rows decode the row once
+ * into bytes and share it (row_b32); the span functions run a chunk of rows a call, the loop
+ * inside each format's instance so that its constants are made once a chunk. */
+#if defined(__AVX2__)
+/* block k's 32 values: raw < 0, from the decoded row; else from its bytes in format raw (constant) */
+static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64_t k, int raw) {
+    if (raw < 0) return _mm256_loadu_si256((const __m256i *)(w->u + 32 * k));
+    return values32(raw, w->raw + (int64_t)BLOCK_BYTES[raw] * k);
+}
+
+/* one activation row against a 32-column-block row. 8 blocks at a time, the last group masked: a
+ * missing block adds (0 x 0) x 0 = +0 to its lane, which changes no bit (a lane is never -0); a
+ * row of 18 blocks (SmolLM2's 576 columns) spent a quarter of its time in a scalar tail */
+static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int64_t nb, int z, int sgn, int mins,
+                                                              const int8_t *q, const float *dx, const int32_t *s32, int raw) {
+    if (raw >= 0 && raw != F_Q8_0) {    /* the nibble formats' constants: their loops built for them (Q8_0's
+                                          * measured slower so) */
+        z = zero_point(raw);
+        mins = raw == F_Q4_1 || raw == F_Q5_1;
+        sgn = 0;
+    }
+    float l[8];
+    __m256 lanes = _mm256_setzero_ps();
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t b = 0; b < nb; b += 8) {
+        const int cnt = nb - b < 8 ? (int)(nb - b) : 8;
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
+        if (raw >= 0) prefetch_ahead(w->raw + (int64_t)BLOCK_BYTES[raw] * b, 8 * BLOCK_BYTES[raw]);
+        I8 p[8];
+        for (int k = 0; k < 8; k++) {
+            if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }
+            const __m256i v = block32(w, b + k, raw);
+            p[k] = sgn ? dot32_sr(v, q + 32 * (b + k)) : dot32_ur(v, q + 32 * (b + k));
+        }
+        __m256 dw, mw;
+        if (raw < 0) {
+            dw = _mm256_maskload_ps(w->dw + b, m);
+            mw = _mm256_maskload_ps(w->mw + b, m);
+        } else {            /* d, then m where the format has one: the block's first word */
+            const __m256i wd = block_words(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt);
+            dw = _mm256_cvtph_ps(low_words(wd));
+            mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+        }
+        __m256i bs = _mm256_maskload_epi32(s32 + b, m);
+        __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
+        __m256 x = _mm256_maskload_ps(dx + b, m);
+        __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
+        if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
+        lanes = _mm256_add_ps(lanes, a);
+    }
+    _mm256_storeu_ps(l, lanes);
+    return fold8(l);
+}
+
+static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
+    return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, -1);
+}
+
+/* the same from the row's bytes, for the formats values32 reads (one activation row: decoding the
+ * row into bytes first cost about as much as its dot) */
+static float row_b32_raw(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
+    switch (w->fmt) {
+    case F_Q4_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_0);
+    case F_Q4_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_1);
+    case F_Q5_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_0);
+    case F_Q5_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_1);
+    default:     return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q8_0);
+    }
+}
+#else
+/* one activation row against a decoded 32-column-block row */
+static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
+                     const int8_t *q, const float *dx, const int32_t *s32) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t s1 = dot32(w->u + 32 * b, q + 32 * b, sgn) - z * s32[b];
+        float a = (w->dw[b] * dx[b]) * (float)s1;
+        if (mins) a = a + (w->mw[b] * dx[b]) * (float)s32[b];
+        l[b & 7] = l[b & 7] + a;
+    }
+    return fold8(l);
+}
+#endif
+
+#if defined(__AVX2__)
+/* rows i0 .. i1 - 1 of a 32-column-block matrix (Q4_0 .. Q8_0) against one activation row, from
+ * their bytes (row_b32_raw's dot), the loop inside the format's instance */
+static inline __attribute__((always_inline)) void rows_b32_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                   const int f) {
+    Row o;
+    o.fmt = f;
+    o.block_bytes = BLOCK_BYTES[f];
+    for (int64_t i = i0; i < i1; i++) {
+        o.raw = m->w + (m->order ? m->order[i] : i) * m->row_bytes;
+        m->y[i] = row_b32_at(&o, m->cols / 32, zero_point(f), f == F_Q8_0, has_mins(f), a->q, a->d, a->s32, f);
+    }
+}
+
+static void rows_b32_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a) {
+    switch (m->fmt) {
+    case F_Q4_0: rows_b32_span_at(m, i0, i1, a, F_Q4_0); return;
+    case F_Q4_1: rows_b32_span_at(m, i0, i1, a, F_Q4_1); return;
+    case F_Q5_0: rows_b32_span_at(m, i0, i1, a, F_Q5_0); return;
+    case F_Q5_1: rows_b32_span_at(m, i0, i1, a, F_Q5_1); return;
+    default:     rows_b32_span_at(m, i0, i1, a, F_Q8_0); return;
+    }
+}
+
+/* the same against 2 .. TILE activation rows: each row decoded once (decode_row) and met by every
+ * activation row (row_b32), the format's zero point, sign and mins constants of the instance */
+static inline __attribute__((always_inline)) void rows_b32_n_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
+                                                                     int64_t n, Row *o, const int f) {
+    const int64_t cols = m->cols, nb = cols / 32;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t src = m->order ? m->order[i] : i;
+        decode_row(f, m->w + src * m->row_bytes, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
+        for (int64_t r = 0; r < n; r++)
+            m->y[r * m->y_stride + i] = row_b32_at(o, nb, zero_point(f), f == F_Q8_0 || f == F_INT8, has_mins(f),
+                                                   a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32), -1);
+    }
+}
+
+static void rows_b32_n_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a, int64_t n, Row *o) {
+    switch (m->fmt) {
+    case F_Q4_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q4_0); return;
+    case F_Q4_1: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q4_1); return;
+    case F_Q5_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q5_0); return;
+    case F_Q5_1: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q5_1); return;
+    case F_Q8_0: rows_b32_n_span_at(m, i0, i1, a, n, o, F_Q8_0); return;
+    case F_INT8: rows_b32_n_span_at(m, i0, i1, a, n, o, F_INT8); return;
+    default:     rows_b32_n_span_at(m, i0, i1, a, n, o, F_INT4G64); return;
+    }
+}
+#endif
