@@ -21,7 +21,6 @@ static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int6
         mins = raw == F_Q4_1 || raw == F_Q5_1;
         sgn = 0;
     }
-    float l[8];
     __m256 lanes = _mm256_setzero_ps();
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < nb; b += 8) {
@@ -50,8 +49,7 @@ static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int6
         if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
         lanes = _mm256_add_ps(lanes, a);
     }
-    _mm256_storeu_ps(l, lanes);
-    return fold8(l);
+    return fold8_lanes(lanes);
 }
 
 static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
