@@ -9,12 +9,12 @@
  * folded l += l + 4, 2, 1. Built with -ffp-contract=off: nothing fuses.
  *
  * Vector builds read a K-quant row from its bytes straight into registers,
- * one superblock at a time for every activation row of the call (rows_k, in
+ * one superblock at a time for every activation row of the call (rows_k_span, in
  * qdot_rows_k.h; rows of fewer than 8 superblocks, an expert's down, several
  * to a group of 8: rows_k_short), and a 32-column-block row the same way
- * when one row is fed (row_b32_raw, in qdot_rows_b32.h);
+ * when one row is fed (rows_b32_span, in qdot_rows_b32.h);
  * with more rows such a row is decoded once into bytes (decode_row) and
- * shared. Up to 8 activation rows, a thread takes a chunk of weight rows a
+ * shared. A thread takes a chunk of weight rows a
  * call (the *_span functions: the row loop inside each format's instance,
  * whose per-row setup was a third of a 2048-column row's time).
  * Many activation rows (a prompt's block) take gemm (qdot_gemm.h):
@@ -216,7 +216,9 @@ static int short_group(const Mat *m) {
 
 #include "qdot_gemm.h"
 
-static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, void *P, float *L) {
+#if !defined(__AVX2__)
+/* plain C: one weight row decoded into bytes (decode_row), then every activation row against it */
+static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o) {
     const int f = m->fmt, kq = f >= F_Q2_K, fb = kq ? 256 : 32, z = zero_point(f);
     const int sgn = f == F_Q8_0 || f == F_INT8;
     const int mins = has_mins(f);
@@ -224,30 +226,12 @@ static void one_row(const Mat *m, int64_t i, const Acts *a, int64_t n, Row *o, v
     o->raw = m->w + src * m->row_bytes;
     o->fmt = f;
     o->block_bytes = BLOCK_BYTES[f];
-#if defined(__AVX2__)
-    if (kq) {                  /* read from the row's bytes, not decoded */
-        rows_k(o, nb, z, mins, a->q, a->d, a->s16, n, cols, m->y + i, m->y_stride, (I8 *)P, L);
-        return;
-    }
-#endif
-#if defined(__AVX2__)
-    if (n == 1 && f <= F_Q8_0) {
-        m->y[i] = row_b32_raw(o, nb, z, sgn, mins, a->q, a->d, a->s32);
-        return;
-    }
-#endif
     decode_row(f, o->raw, m->scales ? m->scales + src * m->scale_stride : 0, cols, o);
-#if defined(__AVX2__)
-    for (int64_t r = 0; r < n; r++)    /* rows inner measured slower here: the row's 32-byte blocks
-                                          are cheap to load again, the scratch is not */
-        m->y[r * m->y_stride + i] = row_b32(o, nb, z, sgn, mins, a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32));
-#else
-    (void)P; (void)L;
     for (int64_t r = 0; r < n; r++)
         m->y[r * m->y_stride + i] = kq ? row_k(o, nb, z, mins, a->q + r * cols, a->d + r * nb, a->s16 + r * (cols / 16))
                                        : row_b32(o, nb, z, sgn, mins, a->q + r * cols, a->d + r * nb, a->s32 + r * (cols / 32));
-#endif
 }
+#endif
 
 /* An input of a call: n rows of cols float32, quantised once per block size its matrices need
  * (vector builds, for the matrices gemm takes: also as its tiles, t[0] 32-column blocks, t[1]
@@ -292,11 +276,6 @@ static int quantize_input(Input *in, const int need[4]) {
 }
 
 enum { TILE = 8, RB = 32 };   /* activation rows (16 KB of 2048 columns), weight rows a block */
-#if defined(__AVX2__)
-enum { TILED = 1 };
-#else
-enum { TILED = 0 };           /* plain C decodes a K-quant row once a call: a tile would decode it again */
-#endif
 
 /* every matrix k against input ins[at[k]], in one parallel region: each matrix's rows shared out
  * among the threads with no barrier between matrices. Returns 0, or -1 when memory runs out
@@ -382,7 +361,7 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                 continue;
             }
 #if defined(__AVX2__)
-            if (in->n <= TILE) {                            /* dynamic(chunk)'s chunks, a call each */
+            if (in->n <= TILE || m->fmt < F_Q2_K) {         /* dynamic(chunk)'s chunks, a call each */
                 const int64_t spans = (m->rows + chunk - 1) / chunk;
                 #pragma omp for schedule(dynamic, 1) nowait
                 for (int64_t c = 0; c < spans; c++) {
@@ -391,12 +370,6 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                     else if (m->fmt <= F_Q8_0 && in->n == 1) rows_b32_span(m, i0, i1, &in->a[0]);
                     else rows_b32_n_span(m, i0, i1, &in->a[0], in->n, &o);
                 }
-                continue;
-            }
-#endif
-            if (!TILED || m->fmt < F_Q2_K || in->n <= TILE) {
-                #pragma omp for schedule(dynamic, chunk) nowait
-                for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o, P, L);
                 continue;
             }
             /* K-quant rows against more activation rows than fit L1: RB weight rows (which stay in
@@ -413,9 +386,14 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                                      a->s32 + t0 * (m->cols / 32)};
                     Mat mt = *m;
                     mt.y = m->y + t0 * m->y_stride;
-                    for (int64_t i = i0; i < i1; i++) one_row(&mt, i, &at, tn, &o, P, L);
+                    rows_k_span(&mt, i0, i1, &at, tn, P, L);
                 }
             }
+#else
+            (void)P; (void)L;
+            #pragma omp for schedule(dynamic, chunk) nowait
+            for (int64_t i = 0; i < m->rows; i++) one_row(m, i, &in->a[m->fmt >= F_Q2_K], in->n, &o);
+#endif
         }
     }
     free(scratch);

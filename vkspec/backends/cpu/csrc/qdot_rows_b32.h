@@ -1,7 +1,7 @@
 /* 32-column-block rows (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; int8 and int4-g64 decoded) against q8
  * activation rows (included by qdot.c once, after the types and before the K-quant rows): one
- * activation row reads a row's blocks from their bytes (row_b32_raw), more rows decode the row once
- * into bytes and share it (row_b32); the span functions run a chunk of rows a call, the loop
+ * activation row reads a row's blocks from their bytes (rows_b32_span), more rows decode the row
+ * once into bytes and share it (rows_b32_n_span); the span functions run a chunk of rows a call, the loop
  * inside each format's instance so that its constants are made once a chunk. */
 #if defined(__AVX2__)
 /* block k's 32 values: raw < 0, from the decoded row; else from its bytes in format raw (constant) */
@@ -52,21 +52,6 @@ static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int6
     return fold8_lanes(lanes);
 }
 
-static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
-    return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, -1);
-}
-
-/* the same from the row's bytes, for the formats values32 reads (one activation row: decoding the
- * row into bytes first cost about as much as its dot) */
-static float row_b32_raw(const Row *w, int64_t nb, int z, int sgn, int mins, const int8_t *q, const float *dx, const int32_t *s32) {
-    switch (w->fmt) {
-    case F_Q4_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_0);
-    case F_Q4_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q4_1);
-    case F_Q5_0: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_0);
-    case F_Q5_1: return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q5_1);
-    default:     return row_b32_at(w, nb, z, sgn, mins, q, dx, s32, F_Q8_0);
-    }
-}
 #else
 /* one activation row against a decoded 32-column-block row */
 static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
@@ -84,7 +69,8 @@ static float row_b32(const Row *w, int64_t nb, int z, int sgn, int mins,
 
 #if defined(__AVX2__)
 /* rows i0 .. i1 - 1 of a 32-column-block matrix (Q4_0 .. Q8_0) against one activation row, from
- * their bytes (row_b32_raw's dot), the loop inside the format's instance */
+ * their bytes, the loop inside the format's instance (one activation row: decoding the row into
+ * bytes first cost about as much as its dot) */
 static inline __attribute__((always_inline)) void rows_b32_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
                                                                    const int f) {
     Row o;
@@ -106,8 +92,10 @@ static void rows_b32_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a) {
     }
 }
 
-/* the same against 2 .. TILE activation rows: each row decoded once (decode_row) and met by every
- * activation row (row_b32), the format's zero point, sign and mins constants of the instance */
+/* the same against more activation rows (int8 and int4-g64: any number): each row decoded once
+ * (decode_row) and met by every activation row, the format's zero point, sign and mins constants
+ * of the instance (rows inner measured slower: a row's 32-byte blocks are cheap to load again,
+ * the scratch is not) */
 static inline __attribute__((always_inline)) void rows_b32_n_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
                                                                      int64_t n, Row *o, const int f) {
     const int64_t cols = m->cols, nb = cols / 32;

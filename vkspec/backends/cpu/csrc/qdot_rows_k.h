@@ -216,19 +216,7 @@ static void rows_k_short(const uint8_t *w, int64_t row_bytes, int64_t rows, int6
     }
 }
 
-/* one instance per format: its shift counts, masks and permutations are constants the loops hoist */
-static void rows_k(const Row *w, int64_t nb, int z, int mins, const int8_t *q, const float *dx, const int16_t *s16,
-                   int64_t n, int64_t cols, float *y, int64_t ys, I8 *P, float *L) {
-    switch (w->fmt) {
-    case F_Q2_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q2_K); return;
-    case F_Q3_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q3_K); return;
-    case F_Q4_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q4_K); return;
-    case F_Q5_K: rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q5_K); return;
-    default:     rows_k_at(w, nb, z, mins, q, dx, s16, n, cols, y, ys, P, L, F_Q6_K); return;
-    }
-}
-
-/* rows i0 .. i1 - 1 of a K-quant matrix against n activation rows, each as one_row does it: the
+/* rows i0 .. i1 - 1 of a K-quant matrix against n activation rows (rows_k_at, each row's own bits): the
  * loop inside the format's instance, so that its constants are made once a span, not once a row */
 static inline __attribute__((always_inline)) void rows_k_span_at(const Mat *m, int64_t i0, int64_t i1, const Acts *a,
                                                                  int64_t n, void *P, float *L, const int f) {
