@@ -68,6 +68,7 @@ class CpuModel:
         its own: no timed forward pays for a compile."""
         st = self.new_state()
         hidden, _ = self.forward([0, 1], st, copies=1)
+        self.forward([2], st, logits_rows="last")     # a decode row: MoE layers run it in calls of their own
         if self.has_mtp:
             self.mtp_forward(hidden[-1:], [1], st, [2])
 
