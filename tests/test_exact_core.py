@@ -203,6 +203,27 @@ def test_attention_block_rows_equal_the_definition(poison, nh, nkv):
     assert np.isfinite(block[0]).all()
 
 
+@pytest.mark.parametrize("n,nh,nkv", [(1, 9, 3), (1, 8, 8), (2, 16, 1), (1, 40, 1), (8, 8, 2)])
+def test_decode_and_verify_rows_of_small_heads_equal_the_definition(n, nh, nkv):
+    """A head of 64 columns with few queries a KV head (decode and verify
+    rows: up to jit_attend.KEYS_PATH_QUERIES) takes the sixteen-keys scores
+    kernel, more take the queries-in-lanes one (40 a KV head, 16 over 2
+    rows); either gives each row attend_row's bits, with a query whose
+    products are all -0 (the definition's sum is +0) and an infinite key."""
+    rng = np.random.default_rng(n * 100 + nh)
+    L, hd = 200, 64
+    kc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, nh, hd)).astype(np.float32)
+    kc[:, 0] = -np.abs(kc[:, 0])
+    q[0, 0] = 0.0                                   # +0 * negative keys: -0 products everywhere
+    kc[9, nkv - 1, 3] = np.inf
+    lens = np.arange(L - n, L) + 1
+    block = cpu_ops.attend(q, kc, vc, lens, np.float32(0.125))
+    for i in range(n):
+        bits_equal(block[i], cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.125)))
+
+
 @pytest.mark.parametrize("hd", [64, 48, 4])
 def test_lane_scores_are_exact_dot_times_scale_zero_signs_included(hd):
     """jit_attend._lane_scores (every row's queries of a KV head, one a

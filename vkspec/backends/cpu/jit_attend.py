@@ -39,6 +39,7 @@ from .jit_dot import MAX_ROWS, QUERY_LANES, SCORES_DIMS, dot_rows, key_scores, q
 
 F = np.float32
 KEY_CHUNK = 64                  # keys a _lane_scores item takes
+KEYS_PATH_QUERIES = 4 * QUERY_LANES     # at most this many queries a KV head: key_scores (hd <= SCORES_DIMS)
 
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
@@ -74,7 +75,9 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
     for r in range(n):
         span = max(span, lens[r] - base)
     scores = np.empty((n, nh, span), F)
-    if hd <= SCORES_DIMS and hd % 4 == 0:       # all rows' queries of a KV head, one a vector lane
+    # all rows' queries of a KV head, one a vector lane; where a head has few queries (decode and
+    # verify rows of a small head) most lanes would idle, and sixteen keys' trees at once do better
+    if hd <= SCORES_DIMS and hd % 4 == 0 and n * rep > KEYS_PATH_QUERIES:
         _lane_scores(q, nh, kc, base, first - base, span, scale, scores)
         return _weighted(scores, nh, vc, starts, lens, base, span, out)
     for item in prange(n * nkv):                # a key row is loaded once for its group's query heads
