@@ -31,7 +31,7 @@ from ...interface import HostState
 from ...layer_graph import Norm, Sub, Sublayer
 from ...rope import rope_tables
 from ...weights import AttnW, DeltaW, LayerW, MlpW, MoeW, Weights
-from . import ops
+from . import heap, ops
 from .deltanet_calls import head_map, keep_states
 from .layer_calls import layer_calls
 
@@ -46,6 +46,7 @@ class CpuModel:
     listed_step = 1
 
     def __init__(self, cfg: ModelConfig, weights: Weights, ctx: int | None = None):
+        heap.keep_scratch()
         self.cfg, self.w = cfg, weights
         self.ctx = cfg.context(ctx)
         self.cos, self.sin = rope_tables(cfg, self.ctx)
