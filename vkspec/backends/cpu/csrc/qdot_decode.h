@@ -139,19 +139,25 @@ static inline __m128i low_words(__m256i w) {
 }
 
 /* the lane scales of the 8 registers of 32 columns c (groups 2c, 2c + 1: the low and the high
- * 128 bits) from the 16 group scales: a dword of every (scale 2c, scale 2c + 1) pair, then each
- * half's scale picked into the form the instruction set multiplies by (lane_scales_held) */
+ * 128 bits) from the 16 group scales: the even groups' scales as int16 in the low 128 bits and the
+ * odd groups' in the high, so that one in-lane byte shuffle a register picks group 2c's scale in
+ * the low half and 2c + 1's in the high, in the form the instruction set multiplies by
+ * (lane_scales_held) */
 static inline void lane_scales32(__m128i g, __m256i *S) {
-    const __m256i pairs = _mm256_cvtepi8_epi16(g);
+    const __m128i parity = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i halves = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(g, parity));
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) {
+        const char lo = (char)(2 * c), hi = (char)(2 * c + 1);
 #if (defined(__AVX512VNNI__) && defined(__AVX512BW__)) || defined(__AVXVNNI__)
-    const __m256i pick = _mm256_setr_epi8(0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128, 0, 1, -128, -128,
-                                          2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128, 2, 3, -128, -128);
+        const __m256i pick = _mm256_setr_epi8(lo, hi, -128, -128, lo, hi, -128, -128, lo, hi, -128, -128, lo, hi, -128, -128,
+                                              lo, hi, -128, -128, lo, hi, -128, -128, lo, hi, -128, -128, lo, hi, -128, -128);
 #else
-    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+        const __m256i pick = _mm256_setr_epi8(lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+                                              lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi);
 #endif
-    for (int c = 0; c < 8; c++)
-        S[c] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(pairs, _mm256_set1_epi32(c)), pick);
+        S[c] = _mm256_shuffle_epi8(halves, pick);
+    }
 }
 
 /* the 32-column registers of a superblock (U[c]: columns 32c .. 32c + 31), in the layouts
