@@ -10,9 +10,39 @@ static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64
     return values32(raw, w->raw + (int64_t)BLOCK_BYTES[raw] * k);
 }
 
+/* the float parts of blocks b .. b + cnt - 1 of a row, lane k block b + k's ((0 x 0) x 0 = +0 past cnt) */
+static inline __attribute__((always_inline)) __m256 group_b32(const Row *w, int64_t b, const int cnt, __m256i iota, int z,
+                                                              int sgn, int mins, const int8_t *q, const float *dx,
+                                                              const int32_t *s32, int raw) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
+    if (raw >= 0) prefetch_ahead(w->raw + (int64_t)BLOCK_BYTES[raw] * b, 8 * BLOCK_BYTES[raw]);
+    I8 p[8];
+    for (int k = 0; k < 8; k++) {
+        if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }
+        const __m256i v = block32(w, b + k, raw);
+        p[k] = sgn ? dot32_sr(v, q + 32 * (b + k)) : dot32_ur(v, q + 32 * (b + k));
+    }
+    __m256 dw, mw;
+    if (raw < 0) {
+        dw = _mm256_maskload_ps(w->dw + b, m);
+        mw = _mm256_maskload_ps(w->mw + b, m);
+    } else {            /* d, then m where the format has one: the block's first word */
+        const __m256i wd = block_words(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt);
+        dw = _mm256_cvtph_ps(low_words(wd));
+        mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+    }
+    __m256i bs = _mm256_maskload_epi32(s32 + b, m);
+    __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
+    __m256 x = _mm256_maskload_ps(dx + b, m);
+    __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
+    if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
+    return a;
+}
+
 /* one activation row against a 32-column-block row. 8 blocks at a time, the last group masked: a
  * missing block adds (0 x 0) x 0 = +0 to its lane, which changes no bit (a lane is never -0); a
- * row of 18 blocks (SmolLM2's 576 columns) spent a quarter of its time in a scalar tail */
+ * row of 18 blocks (SmolLM2's 576 columns) spent a quarter of its time in a scalar tail. The whole
+ * groups have their own instance, with no counts to test (a 2048-column Q4_0 row 7% faster) */
 static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int64_t nb, int z, int sgn, int mins,
                                                               const int8_t *q, const float *dx, const int32_t *s32, int raw) {
     if (raw >= 0 && raw != F_Q8_0) {    /* the nibble formats' constants: their loops built for them (Q8_0's
@@ -23,32 +53,11 @@ static inline __attribute__((always_inline)) float row_b32_at(const Row *w, int6
     }
     __m256 lanes = _mm256_setzero_ps();
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int64_t b = 0; b < nb; b += 8) {
-        const int cnt = nb - b < 8 ? (int)(nb - b) : 8;
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
-        if (raw >= 0) prefetch_ahead(w->raw + (int64_t)BLOCK_BYTES[raw] * b, 8 * BLOCK_BYTES[raw]);
-        I8 p[8];
-        for (int k = 0; k < 8; k++) {
-            if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }
-            const __m256i v = block32(w, b + k, raw);
-            p[k] = sgn ? dot32_sr(v, q + 32 * (b + k)) : dot32_ur(v, q + 32 * (b + k));
-        }
-        __m256 dw, mw;
-        if (raw < 0) {
-            dw = _mm256_maskload_ps(w->dw + b, m);
-            mw = _mm256_maskload_ps(w->mw + b, m);
-        } else {            /* d, then m where the format has one: the block's first word */
-            const __m256i wd = block_words(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt);
-            dw = _mm256_cvtph_ps(low_words(wd));
-            mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
-        }
-        __m256i bs = _mm256_maskload_epi32(s32 + b, m);
-        __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
-        __m256 x = _mm256_maskload_ps(dx + b, m);
-        __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
-        if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
-        lanes = _mm256_add_ps(lanes, a);
-    }
+    const int64_t full = nb & ~(int64_t)7;
+    for (int64_t b = 0; b < full; b += 8)
+        lanes = _mm256_add_ps(lanes, group_b32(w, b, 8, iota, z, sgn, mins, q, dx, s32, raw));
+    if (full < nb)
+        lanes = _mm256_add_ps(lanes, group_b32(w, full, (int)(nb - full), iota, z, sgn, mins, q, dx, s32, raw));
     return fold8_lanes(lanes);
 }
 
