@@ -198,6 +198,8 @@ typedef struct {
 
 typedef struct { int8_t *q; float *d; int16_t *s16; int32_t *s32; } Acts;
 
+enum { TILE = 8, RB = 32 };   /* activation rows (16 KB of 2048 columns), weight rows a block */
+
 #include "qdot_rows_b32.h"
 #include "qdot_rows_k.h"
 
@@ -275,7 +277,6 @@ static int quantize_input(Input *in, const int need[4]) {
     return 0;
 }
 
-enum { TILE = 8, RB = 32 };   /* activation rows (16 KB of 2048 columns), weight rows a block */
 
 /* every matrix k against input ins[at[k]], in one parallel region: each matrix's rows shared out
  * among the threads with no barrier between matrices. Returns 0, or -1 when memory runs out
@@ -368,6 +369,9 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                     const int64_t i0 = c * chunk, i1 = i0 + chunk < m->rows ? i0 + chunk : m->rows;
                     if (m->fmt >= F_Q2_K) rows_k_span(m, i0, i1, &in->a[1], in->n, P, L);
                     else if (m->fmt <= F_Q8_0 && in->n == 1) rows_b32_span(m, i0, i1, &in->a[0]);
+#if defined(__AVX512VL__)
+                    else if (m->fmt <= F_Q8_0 && in->n <= TILE) rows_b32_rows_span(m, i0, i1, &in->a[0], in->n);
+#endif
                     else rows_b32_n_span(m, i0, i1, &in->a[0], in->n, &o);
                 }
                 continue;
