@@ -493,15 +493,34 @@ def test_every_vector_width_gives_exact_gemv_bits_and_no_fma(isa, isa_checks):
         assert family not in asm, family
 
 
-def test_the_kernel_cache_is_named_after_the_dot_ir():
+def test_the_kernel_cache_is_named_after_the_dot_ir_and_the_sources():
     """numba keys a cached function on its own file only: kernels linked
-    against another IR (another ISA, or a changed generator) live in another
-    folder and are never loaded."""
+    against another IR (another ISA, or a changed generator), or compiled
+    from other Python (a kernel changed in one file, inlined into a cached
+    caller in another), live in another folder and are never loaded."""
     from vkspec.backends.cpu import jit_ir, jit_ir_blocks, numba_cache  # noqa: F401  (sets the folder)
     digests = {isa: jit_ir_blocks.ir_digest(isa) for isa in jit_ir.ISAS}
     assert len(set(digests.values())) == len(digests)
+    names = {p.name for p in numba_cache.compiled_sources()}
+    assert {"jit_attend.py", "jit_sublayer.py", "jit_qdot.py", "expert_table.py", "exact.py"} <= names
     if "NUMBA_CACHE_DIR" not in os.environ or "/vkspec/numba/" in os.environ["NUMBA_CACHE_DIR"]:
-        assert os.environ["NUMBA_CACHE_DIR"].endswith(f"{jit_ir.ISA}-{digests[jit_ir.ISA]}")
+        assert os.environ["NUMBA_CACHE_DIR"].endswith(numba_cache.folder())
+        assert numba_cache.folder().endswith(f"{jit_ir.ISA}-{digests[jit_ir.ISA]}-{numba_cache.source_digest()}")
+
+
+def test_a_changed_kernel_source_names_another_cache_folder(tmp_path, monkeypatch):
+    """The sources' digest moves with any byte of them: a copy of the
+    package's kernels with one line added to jit_attend.py digests apart."""
+    from vkspec.backends.cpu import numba_cache
+    files = numba_cache.compiled_sources()
+    before = numba_cache.source_digest()
+    copies = []
+    for p in files:
+        c = tmp_path / p.name
+        c.write_bytes(p.read_bytes() + (b"# changed\n" if p.name == "jit_attend.py" else b""))
+        copies.append(c)
+    monkeypatch.setattr(numba_cache, "compiled_sources", lambda: copies)
+    assert numba_cache.source_digest() != before
 
 
 @pytest.mark.parametrize("n", [1, 5, 211])
