@@ -224,6 +224,63 @@ def test_decode_and_verify_rows_of_small_heads_equal_the_definition(n, nh, nkv):
         bits_equal(block[i], cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.125)))
 
 
+def _wide_isas():
+    from vkspec.backends.cpu import qdot
+    return list({qdot._variant(f): f for f in ("plain", "avx2", "avx512")}.values())
+
+
+@pytest.mark.parametrize("n,nh,nkv,hd,window", [(1, 16, 8, 128, 0), (3, 8, 2, 256, 0), (2, 4, 2, 128, 40)])
+def test_wide_heads_attention_rows_equal_the_definition(n, nh, nkv, hd, window):
+    """Heads of 128 and 256 columns score their keys in qdot's vk_scores once
+    jit_qdot is bound (as every q8 layer's call binds it): each row's bits
+    are attend_row's, with a window, a query whose products are all -0 and
+    an infinite key."""
+    from vkspec.backends.cpu import jit_qdot
+    jit_qdot.bind()
+    rng = np.random.default_rng(hd + n)
+    L = 150
+    kc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((L, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, nh, hd)).astype(np.float32)
+    kc[:, 0] = -np.abs(kc[:, 0])
+    q[0, 0] = 0.0
+    kc[L - 30, nkv - 1, 5] = np.inf
+    lens = np.arange(L - n, L) + 1
+    block = cpu_ops.attend(q, kc, vc, lens, np.float32(0.088), window)
+    for i in range(n):
+        bits_equal(block[i], cpu_ops.attend_row(q[i], kc[:lens[i]], vc[:lens[i]], np.float32(0.088), window))
+
+
+@pytest.mark.parametrize("isa", _wide_isas())
+def test_wide_head_scores_are_exact_dot_times_scale(isa, monkeypatch):
+    """qdot's vk_scores (attend_scores.h; heads wider than 64 columns) in
+    every library this CPU runs: each score is exact.dot's bits times the
+    scale, for heads of 128 and 256 (the whole-step instances) and 72 and 200
+    (masked), 23 keys (a last block of 3), a query whose products are all -0
+    (the definition's sum is +0), an infinite and a NaN key value."""
+    import ctypes
+
+    from vkspec.backends.cpu import qdot
+    monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
+    lib = qdot.lib()
+    rng = np.random.default_rng(5)
+    nkv, keys, nq, scale = 2, 23, 3, np.float32(0.125)
+    for d in (128, 256, 72, 200):
+        kc = rng.standard_normal((keys, nkv, d)).astype(np.float32)
+        kc[:, 1] = -np.abs(kc[:, 1])
+        kc[4, 1, 7] = np.inf
+        kc[9, 1, d - 1] = np.nan
+        q = rng.standard_normal((nq, d)).astype(np.float32)
+        q[0] = 0.0                                  # +0 * negative keys: -0 products
+        out = np.full((nq, keys), 7.0, np.float32)
+        k1 = kc[:, 1]                               # KV head 1: rows nkv * d apart
+        lib.vk_scores(ctypes.c_void_p(k1.ctypes.data), nkv * d, ctypes.c_void_p(q.ctypes.data), d, nq,
+                      ctypes.c_void_p(out.ctypes.data), keys, keys, d, scale)
+        want = exact.dot(q[:, None, :], np.ascontiguousarray(k1)[None, :, :]) * scale
+        bits_equal(out, want)
+        assert not np.signbit(out[0, 10]) and out[0, 10] == 0
+
+
 @pytest.mark.parametrize("hd", [64, 48, 4])
 def test_lane_scores_are_exact_dot_times_scale_zero_signs_included(hd):
     """jit_attend._lane_scores (every row's queries of a KV head, one a

@@ -5,20 +5,22 @@ Why one kernel: scores, softmax and the weighted sum as three compiled calls
 their arithmetic at one row on SmolLM2.
 
 Two parallel loops: the scores, and then softmax and values, one item per
-(row, query head). Heads up to 64 wide (a multiple of 4) take their scores
-from _lane_scores: every row's queries of a KV head side by side, one a
-vector lane (jit_dot.query_scores), so each key is loaded once for all the
-verify rows and no shuffles are needed. Other heads take one item per (row,
-KV head), each key row loaded once for the query heads of its group
-(jit_dot.key_scores up to 64 wide, else dot_rows one key at a time). The
+(row, query head). Heads up to 64 wide (a multiple of 4) with more than
+KEYS_PATH_QUERIES queries a KV head take their scores from _lane_scores:
+every row's queries of a KV head side by side, one a vector lane
+(jit_dot.query_scores), so each key is loaded once for all the verify rows
+and no shuffles are needed. Other heads take one item per (row, KV head),
+each key row loaded once for the query heads of its group (jit_dot.key_scores
+up to 64 wide; wider, qdot's library's vk_scores four keys at a time where
+jit_qdot is bound, else dot_rows one key at a time). The
 values are jit_dot.row_values per (row, head), right after its softmax: the
 lanes in registers, a lane's keys in turn (faster than lanes in memory for
 one row and one query a vector lane for the verify rows).
 
 Why it is exact: each item computes what the three kernels (a GEMV, softmax,
 weighted sums) computed for it, with the same helpers: every score is
-exact.dot of its key and query (query_scores, key_scores or dot_rows, all in
-exact.dot's order; a row's dot does not depend on how many rows share a load)
+exact.dot of its key and query (query_scores, key_scores, vk_scores or
+dot_rows, all in exact.dot's order; a row's dot does not depend on how many rows share a load)
 times the scale, jit_math.softmax_row over the row's keys, and
 exact.dot's lanes for the values (row_values), each key in the lane of its
 position, the keys before the row's window left out (they would add +0).
@@ -36,6 +38,7 @@ from numba import njit, prange
 from ... import exact
 from . import jit_math
 from .jit_dot import MAX_ROWS, QUERY_LANES, SCORES_DIMS, dot_rows, key_scores, query_scores, row_values
+from .jit_qdot import wide_scores, wide_scores_bound
 
 F = np.float32
 KEY_CHUNK = 64                  # keys a _lane_scores item takes
@@ -85,6 +88,9 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
         lo, hi = starts[r] - base, lens[r] - base
         if hd <= SCORES_DIMS:                   # sixteen keys' lane trees at once
             key_scores(kc, g, base + lo, hi - lo, q, r * nh + g * rep, rep, scores, r, g * rep, lo, scale)
+            continue
+        if wide_scores_bound():                 # four keys' lane trees at once (qdot's library, when bound)
+            wide_scores(kc, g, base + lo, hi - lo, q, r * nh + g * rep, rep, scores, r, g * rep, lo, scale)
             continue
         got = np.empty(MAX_ROWS, F)
         for h0 in range(g * rep, g * rep + rep, MAX_ROWS):

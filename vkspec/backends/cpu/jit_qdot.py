@@ -3,13 +3,14 @@ compiled kernel is vk_q8_gemvs of the library qdot chooses (its Python
 twin is qdot.gemvs), and ``q8_gemvs_each(mats, count, xs, ns, threads)``
 vk_q8_gemvs_each (qdot.gemvs_each: matrix j against its own input, xs[j]'s
 address and ns[j] rows), with no Python between them and the kernel's other
-steps.
+steps; ``wide_scores`` is the library's attention scores for heads wider
+than 64 columns (vk_scores), which jit_attend calls where the cell holds it.
 
 Why: a sublayer's GEMVs, norms, activations and attention as one compiled
 call (jit_sublayer) cost one dispatch from Python instead of a dozen, and a
 decoding step at real widths runs its Python with cold caches.
 
-How: the compiled code calls through a cell of two function pointers, an
+How: the compiled code calls through a cell of three function pointers, an
 LLVM symbol of this process (llvmlite's add_symbol), so numba's cache on disk
 holds code that asks for the cell by name, never an address. ``bind()``
 fills the cell with the library qdot.lib() chooses now (VKSPEC_CPU_ISA read
@@ -38,7 +39,8 @@ from . import qdot
 
 Y = qdot._Y                                         # a Mat row's output address; Y + 1: its stride
 _CELL_NAME = "vkspec_q8_gemvs_cell"
-_CELL = (ctypes.c_void_p * 2)()                    # vk_q8_gemvs, vk_q8_gemvs_each
+_SLOTS = 3
+_CELL = (ctypes.c_void_p * _SLOTS)()               # vk_q8_gemvs, vk_q8_gemvs_each, vk_scores
 _BOUND: list = [None]
 llvm.add_symbol(_CELL_NAME, ctypes.addressof(_CELL))
 
@@ -47,7 +49,8 @@ def bind() -> None:
     """The cell points at the entry points of the library qdot.lib() chooses."""
     lib = qdot.lib()
     if _BOUND[0] is not lib:
-        _CELL[0], _CELL[1] = (ctypes.cast(f, ctypes.c_void_p).value for f in (lib.vk_q8_gemvs, lib.vk_q8_gemvs_each))
+        _CELL[0], _CELL[1], _CELL[2] = (ctypes.cast(f, ctypes.c_void_p).value
+                                        for f in (lib.vk_q8_gemvs, lib.vk_q8_gemvs_each, lib.vk_scores))
         _BOUND[0] = lib
 
 
@@ -55,7 +58,7 @@ def _cell_entry(builder, which: int, fnty):
     """The function pointer in slot ``which`` of the cell."""
     cell = builder.module.globals.get(_CELL_NAME)
     if cell is None:
-        cell = ir.GlobalVariable(builder.module, ir.ArrayType(ir.PointerType(ir.IntType(8)), 2), _CELL_NAME)
+        cell = ir.GlobalVariable(builder.module, ir.ArrayType(ir.PointerType(ir.IntType(8)), _SLOTS), _CELL_NAME)
         cell.linkage = "external"
     i32 = ir.IntType(32)
     slot = builder.gep(cell, [ir.Constant(i32, 0), ir.Constant(i32, which)])
@@ -120,3 +123,41 @@ def q8_gemvs_each(mats, count, xs, ns, threads):
     if _each_cell(mats, count, xs, ns, threads):
         raise MemoryError("q8 GEMV: out of memory for its buffers")
 
+
+@intrinsic
+def wide_scores_bound(typingctx):
+    """Whether the cell holds vk_scores (bind() has run in this process)."""
+    def codegen(context, builder, sig, args):
+        fn = _cell_entry(builder, 2, ir.FunctionType(ir.VoidType(), []))
+        return builder.icmp_unsigned("!=", builder.ptrtoint(fn, ir.IntType(64)), ir.Constant(ir.IntType(64), 0))
+    return types.boolean(), codegen
+
+
+@intrinsic
+def wide_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
+    """jit_dot.key_scores's call for any head width, through the cell's
+    vk_scores (attend_scores.h): out[r, h0 + i, j0 + t] = dot(q[q0 + i],
+    kc[t0 + t, g]) * scale for i < nq and t < nkeys, in exact.dot's order;
+    kc (L, nkv, hd), q (rows, hd) and out (n, heads, span) C-contiguous
+    float32. The caller checks wide_scores_bound() first."""
+    if not (_c_array(kc, types.float32) and _c_array(q, types.float32) and _c_array(out, types.float32)
+            and (kc.ndim, q.ndim, out.ndim) == (3, 2, 3)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from .jit_dot import _cache_row
+        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        ka, qa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 4, 7))
+        g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
+                                           for i in (1, 2, 3, 5, 6, 8, 9, 10))
+        (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
+        qs = builder.extract_value(qa.shape, 1)
+        heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
+        o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
+        fn = _cell_entry(builder, 2, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, i64, ptr, i64, i64, i64,
+                                                                      ir.FloatType()]))
+        builder.call(fn, [builder.bitcast(k, ptr), ks, builder.bitcast(builder.gep(qa.data, [builder.mul(q0, qs)]), ptr),
+                          qs, nq, builder.bitcast(o, ptr), span, nkeys, hd,
+                          context.cast(builder, args[11], sig.args[11], types.float32)])
+        return context.get_dummy_value()
+    return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen

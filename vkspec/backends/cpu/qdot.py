@@ -67,6 +67,8 @@ def open_library(path):
     lib.vk_q8_gemvs.restype = ctypes.c_int
     lib.vk_q8_gemvs_each.argtypes = [_P, ctypes.c_int, _P, _P, ctypes.c_int]
     lib.vk_q8_gemvs_each.restype = ctypes.c_int
+    lib.vk_scores.argtypes = [_P, _I, _P, _I, _I, _P, _I, _I, _I, ctypes.c_float]
+    lib.vk_scores.restype = None
     return lib
 
 

@@ -12,14 +12,19 @@
  * one superblock at a time for every activation row of the call (rows_k_span, in
  * qdot_rows_k.h; rows of fewer than 8 superblocks, an expert's down, several
  * to a group of 8: rows_k_short), and a 32-column-block row the same way
- * when one row is fed (rows_b32_span, in qdot_rows_b32.h);
- * with more rows such a row is decoded once into bytes (decode_row) and
+ * when one row is fed (rows_b32_span, in qdot_rows_b32.h); 2 to 8 rows meet
+ * a group of its blocks held in registers on AVX-512 (rows_b32_rows_span);
+ * otherwise such a row is decoded once into bytes (decode_row) and
  * shared. A thread takes a chunk of weight rows a
  * call (the *_span functions: the row loop inside each format's instance,
  * whose per-row setup was a third of a 2048-column row's time).
  * Many activation rows (a prompt's block) take gemm (qdot_gemm.h):
  * tiles whose vector lanes are activation rows, so that nothing is summed
  * across lanes. Plain C decodes every row. Each row's bits stay its own.
+ *
+ * The library also holds attention's scores for heads wider than 64 columns
+ * (vk_scores, attend_scores.h), a float kernel numba's code calls as it calls
+ * these (jit_qdot).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -445,3 +450,5 @@ int vk_q8_gemvs_each(const Mat *mats, int count, const float *const *xs, const i
     free(at);
     return r;
 }
+
+#include "attend_scores.h"
