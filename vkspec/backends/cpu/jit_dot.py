@@ -190,22 +190,29 @@ def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
         return None
 
     def codegen(context, builder, sig, args):
-        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
         ka, qa, oa = linked_arrays(_library, context, builder, sig, args, 0, 4, 7)
-        g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
-                                           for i in (1, 2, 3, 5, 6, 8, 9, 10))
-        (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
-        qs = builder.extract_value(qa.shape, 1)
-        heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
-        o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, i64, ptr, i64, i64, i64, ir.FloatType()]),
-            "vkspec_scores")
-        builder.call(fn, [builder.bitcast(k, ptr), ks, builder.bitcast(builder.gep(qa.data, [builder.mul(q0, qs)]), ptr),
-                          qs, nq, builder.bitcast(o, ptr), span, nkeys, hd,
-                          context.cast(builder, args[11], sig.args[11], types.float32)])
+        fn = cgutils.get_or_insert_function(builder.module, SCORES_FN, "vkspec_scores")
+        builder.call(fn, scores_args(context, builder, sig, args, ka, qa, oa))
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen
+
+
+_PTR, _I64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+# (k, k_stride, q, q_stride, nq, out, out_stride, nkeys, d, scale): vkspec_scores and qdot's vk_scores
+SCORES_FN = ir.FunctionType(ir.VoidType(), [_PTR, _I64, _PTR, _I64, _I64, _PTR, _I64, _I64, _I64, ir.FloatType()])
+
+
+def scores_args(context, builder, sig, args, ka, qa, oa) -> list:
+    """SCORES_FN's arguments for a key_scores-shaped call (kc, g, t0, nkeys,
+    q, q0, nq, out, r, h0, j0, scale), from the array structs of kc, q and out."""
+    g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
+                                       for i in (1, 2, 3, 5, 6, 8, 9, 10))
+    (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
+    qs = builder.extract_value(qa.shape, 1)
+    heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
+    o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
+    return [builder.bitcast(k, _PTR), ks, builder.bitcast(builder.gep(qa.data, [builder.mul(q0, qs)]), _PTR),
+            qs, nq, builder.bitcast(o, _PTR), span, nkeys, hd, context.cast(builder, args[11], sig.args[11], types.float32)]
 
 
 @intrinsic

@@ -145,19 +145,8 @@ def wide_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
         return None
 
     def codegen(context, builder, sig, args):
-        from .jit_dot import _cache_row
-        ptr, i64 = ir.PointerType(ir.IntType(8)), ir.IntType(64)
+        from .jit_dot import SCORES_FN, scores_args
         ka, qa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 4, 7))
-        g, t0, nkeys, q0, nq, r, h0, j0 = (context.cast(builder, args[i], sig.args[i], types.int64)
-                                           for i in (1, 2, 3, 5, 6, 8, 9, 10))
-        (k, ks), hd = _cache_row(builder, ka, t0, g), builder.extract_value(ka.shape, 2)
-        qs = builder.extract_value(qa.shape, 1)
-        heads, span = builder.extract_value(oa.shape, 1), builder.extract_value(oa.shape, 2)
-        o = builder.gep(oa.data, [builder.add(builder.mul(builder.add(builder.mul(r, heads), h0), span), j0)])
-        fn = _cell_entry(builder, 2, ir.FunctionType(ir.VoidType(), [ptr, i64, ptr, i64, i64, ptr, i64, i64, i64,
-                                                                      ir.FloatType()]))
-        builder.call(fn, [builder.bitcast(k, ptr), ks, builder.bitcast(builder.gep(qa.data, [builder.mul(q0, qs)]), ptr),
-                          qs, nq, builder.bitcast(o, ptr), span, nkeys, hd,
-                          context.cast(builder, args[11], sig.args[11], types.float32)])
+        builder.call(_cell_entry(builder, 2, SCORES_FN), scores_args(context, builder, sig, args, ka, qa, oa))
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen
