@@ -79,8 +79,8 @@ class CpuModel:
         kv_k, kv_v, conv, ssm = [], [], [], []
         for kind in c.layer_types:
             if kind == "full_attention":
-                kv_k.append(np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
-                kv_v.append(np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
+                kv_k.append(heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
+                kv_v.append(heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
             else:
                 cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + \
                     c.linear_num_value_heads * c.linear_value_head_dim
@@ -89,8 +89,8 @@ class CpuModel:
                                      c.linear_value_head_dim), f32))
         st = HostState(kv_k, kv_v, conv, ssm)
         if self.w.mtp is not None:
-            st.mtp_k = np.zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
-            st.mtp_v = np.zeros_like(st.mtp_k)
+            st.mtp_k = heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
+            st.mtp_v = heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
         return st
 
     def forward(self, tokens, st: HostState, logits_rows: str = "all", copies: int | bool = 0):
