@@ -10,6 +10,25 @@ static inline __attribute__((always_inline)) __m256i block32(const Row *w, int64
     return values32(raw, w->raw + (int64_t)BLOCK_BYTES[raw] * k);
 }
 
+/* a group's float part for one activation row, in exact.py's order: (dw dx) s1 [+ (mw dx) bs], with
+ * s1 = the blocks' integer sums p less z times their q sums bs; lanes past the mask's are +0 */
+static inline __attribute__((always_inline)) __m256 floats_b32(const I8 *p, __m256 dw, __m256 mw, const int32_t *s32,
+                                                               const float *dx, __m256i m, int z, int mins) {
+    const __m256i bs = _mm256_maskload_epi32(s32, m);
+    const __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
+    const __m256 x = _mm256_maskload_ps(dx, m);
+    __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
+    if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
+    return a;
+}
+
+/* the float scales d and m (where the format has one) of cnt blocks from their bytes: each block's first word */
+static inline __attribute__((always_inline)) void scales_b32(const uint8_t *raw, int bb, int cnt, __m256 *dw, __m256 *mw) {
+    const __m256i wd = block_words(raw, bb, cnt);
+    *dw = _mm256_cvtph_ps(low_words(wd));
+    *mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+}
+
 /* the float parts of blocks b .. b + cnt - 1 of a row, lane k block b + k's ((0 x 0) x 0 = +0 past cnt) */
 static inline __attribute__((always_inline)) __m256 group_b32(const Row *w, int64_t b, const int cnt, __m256i iota, int z,
                                                               int sgn, int mins, const int8_t *q, const float *dx,
@@ -26,17 +45,10 @@ static inline __attribute__((always_inline)) __m256 group_b32(const Row *w, int6
     if (raw < 0) {
         dw = _mm256_maskload_ps(w->dw + b, m);
         mw = _mm256_maskload_ps(w->mw + b, m);
-    } else {            /* d, then m where the format has one: the block's first word */
-        const __m256i wd = block_words(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt);
-        dw = _mm256_cvtph_ps(low_words(wd));
-        mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+    } else {
+        scales_b32(w->raw + BLOCK_BYTES[raw] * b, BLOCK_BYTES[raw], cnt, &dw, &mw);
     }
-    __m256i bs = _mm256_maskload_epi32(s32 + b, m);
-    __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
-    __m256 x = _mm256_maskload_ps(dx + b, m);
-    __m256 a = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
-    if (mins) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
-    return a;
+    return floats_b32(p, dw, mw, s32 + b, dx + b, m, z, mins);
 }
 
 /* one activation row against a 32-column-block row. 8 blocks at a time, the last group masked: a
@@ -114,19 +126,14 @@ static inline __attribute__((always_inline)) void group_b32_rows(const uint8_t *
     prefetch_ahead(raw + (int64_t)bb * b, 8 * bb);
     __m256i v[8];
     for (int k = 0; k < 8; k++) v[k] = k < cnt ? values32(f, raw + (int64_t)bb * (b + k)) : _mm256_setzero_si256();
-    const __m256i wd = block_words(raw + (int64_t)bb * b, bb, cnt);
-    const __m256 dw = _mm256_cvtph_ps(low_words(wd)), mw = _mm256_cvtph_ps(low_words(_mm256_srli_epi32(wd, 16)));
+    __m256 dw, mw;
+    scales_b32(raw + (int64_t)bb * b, bb, cnt, &dw, &mw);
     for (int64_t r = 0; r < n; r++) {
         const int8_t *q = a->q + r * 32 * nb + 32 * b;
         I8 p[8];
         for (int k = 0; k < 8; k++)
             p[k] = k >= cnt ? _mm256_setzero_si256() : sgn ? dot32_sr(v[k], q + 32 * k) : dot32_ur(v[k], q + 32 * k);
-        const __m256i bs = _mm256_maskload_epi32(a->s32 + r * nb + b, m);
-        const __m256i s1 = _mm256_sub_epi32(hsum8(p), _mm256_mullo_epi32(bs, _mm256_set1_epi32(z)));
-        const __m256 x = _mm256_maskload_ps(a->d + r * nb + b, m);
-        __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, x), _mm256_cvtepi32_ps(s1));
-        if (mins) t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw, x), _mm256_cvtepi32_ps(bs)));
-        lanes[r] = _mm256_add_ps(lanes[r], t);
+        lanes[r] = _mm256_add_ps(lanes[r], floats_b32(p, dw, mw, a->s32 + r * nb + b, a->d + r * nb + b, m, z, mins));
     }
 }
 
