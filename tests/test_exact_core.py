@@ -300,7 +300,7 @@ def test_lane_scores_are_exact_dot_times_scale_zero_signs_included(hd):
     q[nh + 6, 0] = 0.0
     lo, hi, scale = 3, L, np.float32(0.125)
     scores = np.full((n, nh, hi), np.nan, np.float32)
-    jit_attend._lane_scores(q, nh, kc, 0, lo, hi, scale, scores)
+    jit_attend._lane_scores(q, nh, np.ascontiguousarray(kc.transpose(1, 0, 2)), 0, lo, hi, scale, scores)
     heads = np.arange(nh) // (nh // nkv)
     want = exact.dot(q.reshape(n, nh, 1, 1, hd), kc[lo:hi].transpose(1, 0, 2)[heads][None, :, :, None, :])[..., 0] * scale
     bits_equal(scores[:, :, lo:], want.reshape(n, nh, hi - lo))

@@ -236,9 +236,27 @@ import numpy as np
 from vkspec.backends.cpu import heap
 def rss(): return int(open("/proc/self/statm").read().split()[1]) * 4096
 before = rss()
-kv = [heap.lazy_zeros((4096, 8, 128)) for _ in range(8)]     # 128 MB
-for a in kv: a[7] = 1.0                                     # one row each
+kv = [heap.kv_cache(4096, 8, 128) for _ in range(8)]        # 128 MB
+for a in kv: a[7] = 1.0                                     # one row each (a page per head)
 print(rss() - before, all(a.flags.writeable and not a[8:].any() for a in kv))
 """
     grew, ok = subprocess.run([sys.executable, "-c", rounds], capture_output=True, text=True, check=True).stdout.split()
     assert ok == "True" and int(grew) < 4 << 20
+
+
+def test_a_kv_cache_holds_each_heads_rows_together(tiny_dir):
+    """The CPU state's KV caches, live and snapshot, are (rows, nkv, hd)
+    views of head-first memory, which the compiled attention reads in place
+    (a head's keys streamed in order: docs/performance.md); it refuses to
+    write a cache of any other layout, which it could only write as a copy."""
+    from vkspec.backends.cpu import heap
+    model = load_model(tiny_dir)
+    st = model.new_state()
+    model.forward([5, 9, 14], st)
+    snap = model.snapshot(st)
+    for a in st.kv_k + st.kv_v + [st.mtp_k, st.mtp_v] + snap.kv_k + snap.kv_v + [snap.mtp_k, snap.mtp_v]:
+        assert heap.heads_first(a, writable=True).base is not None
+        assert np.shares_memory(heap.heads_first(a, writable=True), a)
+    assert snap.kv_k[0].tobytes() == st.kv_k[0][:3].tobytes()
+    with pytest.raises(ValueError, match="heap.kv_cache"):
+        heap.heads_first(np.zeros((8, 2, 4), np.float32), writable=True)

@@ -23,6 +23,14 @@ could reuse freed memory, which calloc clears, touching all of it (the
 1.7B-width file at a 4096-token context: peak RSS 1.26 -> 2.04 GB).
 :func:`lazy_zeros` gives such arrays pages of their own, which the kernel
 hands out zeroed as they are first written.
+
+:func:`kv_cache` also lays each KV head's rows out one after another (the
+array seen as (rows, nkv, hd) is a view of (nkv, rows, hd)). Row-major
+(rows, nkv, hd) puts a head's successive keys nkv * hd * 4 bytes apart: a
+new 4 KB page per key at 8 heads of 128 columns, and hardware prefetchers
+stop at a page's end, so attention waited on every key. A decode step reads
+each head's keys and values in order; head by head it streams them
+(docs/performance.md). Only the memory order changes, never a value.
 """
 
 from __future__ import annotations
@@ -64,3 +72,28 @@ def lazy_zeros(shape, dtype=np.float32) -> np.ndarray:
     if n == 0:
         return np.zeros(shape, dt)
     return np.frombuffer(mmap.mmap(-1, n), dtype=dt).reshape(shape)
+
+
+def kv_cache(rows: int, nkv: int, hd: int) -> np.ndarray:
+    """A zeroed KV cache seen as (rows, nkv, hd), laid out head by head
+    (``heads_first`` gives the (nkv, rows, hd) array the compiled kernels
+    read); from lazy_zeros, so only written rows are resident."""
+    return lazy_zeros((nkv, rows, hd)).transpose(1, 0, 2)
+
+
+def kv_copy(rows: np.ndarray) -> np.ndarray:
+    """A copy of a cache's rows (rows, nkv, hd) in kv_cache's layout (a
+    snapshot that later runs as a state is written in place like the live one)."""
+    return np.ascontiguousarray(rows.transpose(1, 0, 2), dtype=np.float32).transpose(1, 0, 2)
+
+
+def heads_first(cache: np.ndarray, writable: bool = False) -> np.ndarray:
+    """The (nkv, rows, hd) C-contiguous float32 array of a (rows, nkv, hd)
+    cache: kv_cache's own memory without a copy; any other array copied
+    (never where the caller writes into it: that would write the copy)."""
+    hm = cache.transpose(1, 0, 2)
+    if hm.dtype == np.float32 and hm.flags.c_contiguous:
+        return hm
+    if writable:
+        raise ValueError("a KV cache the compiled attention writes must come from heap.kv_cache")
+    return np.ascontiguousarray(hm, dtype=np.float32)

@@ -36,7 +36,7 @@ from . import numba_cache  # noqa: I001  (first: where numba caches)
 from numba import njit, prange
 
 from ... import exact
-from . import jit_math
+from . import heap, jit_math
 from .jit_dot import MAX_ROWS, QUERY_LANES, SCORES_DIMS, dot_rows, key_scores, query_scores, row_values
 from .jit_qdot import wide_scores, wide_scores_bound
 
@@ -48,7 +48,8 @@ KEYS_PATH_QUERIES = 4 * QUERY_LANES     # at most this many queries a KV head: k
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
     """out[r, h] = the attention of query row r * nh + h of q (n * nh, hd)
-    over keys starts[r]..lens[r]-1 of its KV head, starts[r] the row's
+    over keys starts[r]..lens[r]-1 of its KV head (kc, vc (nkv, L, hd):
+    heap.heads_first), starts[r] the row's
     window start (ops.window_start); keys are read from ``base`` (a multiple
     of 128, at or before every start), so key t takes lane (t - base) % 128
     = t % 128.
@@ -57,7 +58,7 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
     are first rotated by jit_math._rope_rows (ops.rope) and k, v written to
     the caches at rows pos (ops.rope's cache variant and the value store):
     one call a layer instead of three wrappers and two dispatches."""
-    n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[1]
+    n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[0]
     rep = nh // nkv
     if k.shape[0]:
         qr = np.empty((n, nh, hd), F)
@@ -66,8 +67,9 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
         kr = np.empty(k.shape, F)
         jit_math._rope_rows(k, cos, sin, kr)
         for r in range(n):
-            kc[pos[r]] = kr[r]
-            vc[pos[r]] = v[r]
+            for g in range(nkv):
+                kc[g, pos[r]] = kr[r, g]
+                vc[g, pos[r]] = v[r, g]
     starts = np.empty(n, np.int64)              # loops, not array expressions: those would be parallel loops
     first = lens[0]
     for r in range(n):
@@ -96,7 +98,7 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
         for h0 in range(g * rep, g * rep + rep, MAX_ROWS):
             c = min(MAX_ROWS, g * rep + rep - h0)
             for j in range(lo, hi):
-                dot_rows(kc[base + j, g], q, r * nh + h0, c, got)
+                dot_rows(kc[g, base + j], q, r * nh + h0, c, got)
                 for i in range(c):
                     scores[r, h0 + i, j] = got[i] * scale
     _weighted(scores, nh, vc, starts, lens, base, span, out)
@@ -104,11 +106,11 @@ def _attend(q, nh, kc, vc, lens, window, scale, out, k, v, cos, sin, pos):
 
 @njit(parallel=True, boundscheck=False, error_model="numpy", cache=True)
 def _lane_scores(q, nh, kc, base, lo, hi, scale, scores):
-    """scores[r, h, t] = dot(q[r * nh + h], kc[base + t, h's KV head]) *
+    """scores[r, h, t] = dot(q[r * nh + h], kc[h's KV head, base + t]) *
     scale for every row r, head h and key lo <= t < hi (keys past a row's
     own are computed and never read): jit_dot.query_scores over each KV
     head's queries, QUERY_LANES to a vector, in items of KEY_CHUNK keys."""
-    n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[1]
+    n, hd, nkv = q.shape[0] // nh, q.shape[1], kc.shape[0]
     rep = nh // nkv
     nq = n * rep                                # a KV head's queries: (row, head) in row order
     nvec = (nq + QUERY_LANES - 1) // QUERY_LANES
@@ -136,7 +138,7 @@ def _weighted(scores, nh, vc, starts, lens, base, span, out):
     """out[r, h] = the values weighted by softmax_row of the row's scores
     over its keys starts[r]..lens[r]-1 (key t read at base + t): one item
     per (row, head), its lanes in registers (jit_dot.row_values)."""
-    n, nkv = scores.shape[0], vc.shape[1]
+    n, nkv = scores.shape[0], vc.shape[0]
     rep = nh // nkv
     for item in prange(n * nh):
         r, h = item // nh, item % nh
@@ -152,18 +154,17 @@ _NONE3, _NONE2, _NO_POS = np.zeros((0, 1, 1), F), np.zeros((0, 1), F), np.zeros(
 
 def attend(q, kc, vc, lens, window, scale, new=None) -> np.ndarray:
     """ops.attend's compiled path: q (n, nh, hd), kc and vc (L, nkv, hd)
-    caches (read in place when C-contiguous float32), row r over its keys
-    up to lens[r] (the last `window` of them, 0: all). new: (k, v, cos,
-    sin, pos), the block's keys and values and its RoPE rows, for
-    ops.rope_attend (q not yet rotated; the caches then C-contiguous
-    float32, written in place)."""
+    caches (read in place where they come from heap.kv_cache, else as
+    head-first copies), row r over its keys up to lens[r] (the last `window`
+    of them, 0: all). new: (k, v, cos, sin, pos), the block's keys and
+    values and its RoPE rows, for ops.rope_attend (q not yet rotated; the
+    caches then heap.kv_cache's, written in place)."""
     n, nh, hd = q.shape
     out = np.empty(q.shape, F)
+    kc, vc = (heap.heads_first(c, writable=new is not None) for c in (kc, vc))
     if new is None:
-        kc, vc = (np.ascontiguousarray(c, dtype=F) for c in (kc, vc))
         k, v, cos, sin, pos = _NONE3, _NONE3, _NONE2, _NONE2, _NO_POS
-    else:                                       # the caches are written: no copies
-        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+    else:
         k, v, cos, sin = (np.ascontiguousarray(a, dtype=F) for a in new[:4])
         pos = np.ascontiguousarray(new[4], dtype=np.int64)
     _attend(np.ascontiguousarray(q, dtype=F).reshape(n * nh, hd), nh, kc, vc,
@@ -173,7 +174,7 @@ def attend(q, kc, vc, lens, window, scale, new=None) -> np.ndarray:
 
 def machine_code() -> str:
     """The kernel's assembly (numba_cache.machine_code)."""
-    kc = np.ones((9, 1, 8), F)
+    kc = np.ones((1, 9, 8), F)                  # (nkv, L, hd)
     example = (np.ones((4, 8), F), 2, kc, kc, np.array([9, 5]), 7, F(0.5), np.empty((2, 2, 8), F),
                np.ones((2, 1, 8), F), np.ones((2, 1, 8), F), np.ones((2, 8), F), np.ones((2, 8), F), np.array([7, 8]))
     lanes = (np.ones((4, 8), F), 2, kc, 0, 0, 9, F(0.5), np.empty((2, 2, 9), F))

@@ -90,11 +90,10 @@ def _c_arrays(arrays, ndims, dtype=types.float32) -> bool:
 
 
 def _cache_row(builder, cache, t, g):
-    """(pointer to cache[t, g, 0], row stride in floats) of a (L, nkv, hd)
-    cache's array struct."""
-    nkv, hd = builder.extract_value(cache.shape, 1), builder.extract_value(cache.shape, 2)
-    stride = builder.mul(nkv, hd)
-    return builder.gep(cache.data, [builder.add(builder.mul(t, stride), builder.mul(g, hd))]), stride
+    """(pointer to cache[g, t, 0], row stride in floats) of a (nkv, L, hd)
+    cache's array struct (heap.heads_first: a head's keys one after another)."""
+    rows, hd = builder.extract_value(cache.shape, 1), builder.extract_value(cache.shape, 2)
+    return builder.gep(cache.data, [builder.mul(builder.add(builder.mul(g, rows), t), hd)]), hd
 
 
 @intrinsic
@@ -161,9 +160,9 @@ def dot_rows(typingctx, w, x, r0, n, out):
 
 @intrinsic
 def row_values(typingctx, p, vc, g, base, lo, hi, out):
-    """out[e] = dot(p[lo:hi], vc[base + lo:base + hi, g, e]) for every e <
+    """out[e] = dot(p[lo:hi], vc[g, base + lo:base + hi, e]) for every e <
     hd in exact.dot's order, key j (from base, a multiple of 128) in lane
-    j mod 128 (jit_ir.row_values_ir); p (>= hi), vc (L, nkv, hd) and out
+    j mod 128 (jit_ir.row_values_ir); p (>= hi), vc (nkv, L, hd) and out
     (hd) C-contiguous float32, base + hi <= L."""
     if not _c_arrays((p, vc, out), (1, 3, 1)):
         return None
@@ -183,8 +182,8 @@ def row_values(typingctx, p, vc, g, base, lo, hi, out):
 
 @intrinsic
 def key_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
-    """out[r, h0 + i, j0 + t] = dot(q[q0 + i], kc[t0 + t, g]) * scale for i <
-    nq and t < nkeys (jit_ir.scores_ir, head dims up to 64); kc (L, nkv, hd),
+    """out[r, h0 + i, j0 + t] = dot(q[q0 + i], kc[g, t0 + t]) * scale for i <
+    nq and t < nkeys (jit_ir.scores_ir, head dims up to 64); kc (nkv, L, hd),
     q (rows, hd) and out (n, heads, span) C-contiguous float32."""
     if not _c_arrays((kc, q, out), (3, 2, 3)):
         return None
@@ -217,9 +216,9 @@ def scores_args(context, builder, sig, args, ka, qa, oa) -> list:
 
 @intrinsic
 def query_scores(typingctx, kc, g, t0, nkeys, qt, out, scale):
-    """out[t, i] = dot(q_i, kc[t0 + t, g]) * scale for t < nkeys and the
+    """out[t, i] = dot(q_i, kc[g, t0 + t]) * scale for t < nkeys and the
     QUERY_LANES queries whose columns are qt's rows (qt (d, QUERY_LANES), d
-    a multiple of 4 up to 64; jit_ir.query_scores_ir); kc (L, nkv, d), qt
+    a multiple of 4 up to 64; jit_ir.query_scores_ir); kc (nkv, L, d), qt
     and out (>= nkeys, QUERY_LANES) C-contiguous float32."""
     if not _c_arrays((kc, qt, out), (3, 2, 2)):
         return None

@@ -137,8 +137,8 @@ def wide_scores_bound(typingctx):
 def wide_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
     """jit_dot.key_scores's call for any head width, through the cell's
     vk_scores (attend_scores.h): out[r, h0 + i, j0 + t] = dot(q[q0 + i],
-    kc[t0 + t, g]) * scale for i < nq and t < nkeys, in exact.dot's order;
-    kc (L, nkv, hd), q (rows, hd) and out (n, heads, span) C-contiguous
+    kc[g, t0 + t]) * scale for i < nq and t < nkeys, in exact.dot's order;
+    kc (nkv, L, hd), q (rows, hd) and out (n, heads, span) C-contiguous
     float32. The caller checks wide_scores_bound() first."""
     if not (_c_array(kc, types.float32) and _c_array(q, types.float32) and _c_array(out, types.float32)
             and (kc.ndim, q.ndim, out.ndim) == (3, 2, 3)):

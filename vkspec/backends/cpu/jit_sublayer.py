@@ -60,8 +60,8 @@ def attention_q8(x, norm, eps, inv_h, qkv, o, qb, kb, vb, ob, q_norm, k_norm, in
     the rows of qkv's three matrices against rmsnorm(x, norm), plus their
     biases (empty: none); q_proj's rows [q | gate] per head when gated; the
     q and k norms per head (empty: none); RoPE, the cache writes at pos and
-    the attention (jit_attend._attend, keys up to pos + 1, the last
-    ``window`` of them where nonzero); times sigmoid(gate) when gated; then
+    the attention (jit_attend._attend over the caches kc, vc (nkv, L, hd),
+    keys up to pos + 1, the last ``window`` of them where nonzero); times sigmoid(gate) when gated; then
     o's rows and o's bias. Returns (n, H)."""
     n = x.shape[0]
     h = normed(x, norm, eps, inv_h)
@@ -145,7 +145,7 @@ def machine_code() -> str:
     w2, _ = mat_words([mats[1]])
     gu, _ = mat_words([mats[0]] * 2)
     x, none, ones = np.ones((1, 32), F), np.zeros(0, F), np.ones(32, F)
-    kc = np.zeros((4, 2, 32), F)
+    kc = np.zeros((2, 4, 32), F)                # (nkv, L, hd)
     rope = np.ones((1, 16), F)
     attn = (x, ones, F(1e-6), F(1 / 32), w1, w2, none, none, none, none, ones, ones, F(1 / 32), 2, 2, 32, False,
             kc, kc.copy(), np.zeros(1, np.int64), 0, F(0.2), rope, rope, 1)

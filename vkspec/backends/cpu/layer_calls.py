@@ -36,7 +36,7 @@ import numpy as np
 from ...formats.matrix import QWeight
 from ...layer_graph import SEQUENTIAL, Norm
 from ...weights import AttnW, LayerW, MlpW, MoeW
-from . import jit, jit_attend, jit_blocks, jit_math, jit_qdot, jit_sublayer, qdot
+from . import heap, jit, jit_attend, jit_blocks, jit_math, jit_qdot, jit_sublayer, qdot
 from .deltanet_calls import DeltaNetCalls, deltanet_mode
 from .expert_table import MoeRow
 
@@ -119,7 +119,7 @@ class LayerCalls:
     def mixer(self, lw, h, pos, rope, kc, vc, *_):
         x, norm = np.ascontiguousarray(h[0], dtype=F), self.norms[h[1]]
         n = x.shape[0]
-        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+        kc, vc = heap.heads_first(kc, True), heap.heads_first(vc, True)
         pos = np.ascontiguousarray(pos, dtype=np.int64)
         cos, sin = (np.ascontiguousarray(t, dtype=F) for t in rope)
         if self.attn == "q8":
@@ -148,7 +148,7 @@ class LayerCalls:
 
     def layer(self, x, pos, rope, kc, vc):
         """The layer's output for rows x (where ``whole``): CpuModel.layer's steps in one call."""
-        assert kc.dtype == F and vc.dtype == F and kc.flags.c_contiguous and vc.flags.c_contiguous
+        kc, vc = heap.heads_first(kc, True), heap.heads_first(vc, True)
         jit_qdot.bind()
         return jit_sublayer.layer_q8(np.ascontiguousarray(x, dtype=F), *self.layer_norms, self.eps, self.inv_h,
                                      self.qkv_words, self.o_words, *self.q8_args, kc, vc,

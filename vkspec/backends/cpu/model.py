@@ -79,8 +79,8 @@ class CpuModel:
         kv_k, kv_v, conv, ssm = [], [], [], []
         for kind in c.layer_types:
             if kind == "full_attention":
-                kv_k.append(heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
-                kv_v.append(heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32))
+                kv_k.append(heap.kv_cache(self.ctx, c.num_key_value_heads, c.head_dim))
+                kv_v.append(heap.kv_cache(self.ctx, c.num_key_value_heads, c.head_dim))
             else:
                 cd = 2 * c.linear_num_key_heads * c.linear_key_head_dim + \
                     c.linear_num_value_heads * c.linear_value_head_dim
@@ -89,8 +89,8 @@ class CpuModel:
                                      c.linear_value_head_dim), f32))
         st = HostState(kv_k, kv_v, conv, ssm)
         if self.w.mtp is not None:
-            st.mtp_k = heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
-            st.mtp_v = heap.lazy_zeros((self.ctx, c.num_key_value_heads, c.head_dim), f32)
+            st.mtp_k = heap.kv_cache(self.ctx, c.num_key_value_heads, c.head_dim)
+            st.mtp_v = heap.kv_cache(self.ctx, c.num_key_value_heads, c.head_dim)
         return st
 
     def forward(self, tokens, st: HostState, logits_rows: str = "all", copies: int | bool = 0):
@@ -297,10 +297,10 @@ class CpuModel:
         past it, the recurrent state), for :meth:`restore`."""
         rows = min(self.ctx, st.kv_len + 8)
         conv, ssm = st.recurrent_copy()
-        snap = HostState([k[:st.kv_len].copy() for k in st.kv_k], [v[:st.kv_len].copy() for v in st.kv_v],
-                     conv, ssm, kv_len=st.kv_len)
+        snap = HostState([heap.kv_copy(k[:st.kv_len]) for k in st.kv_k], [heap.kv_copy(v[:st.kv_len]) for v in st.kv_v],
+                         conv, ssm, kv_len=st.kv_len)
         if st.mtp_k is not None:
-            snap.mtp_k, snap.mtp_v = st.mtp_k[:rows].copy(), st.mtp_v[:rows].copy()
+            snap.mtp_k, snap.mtp_v = heap.kv_copy(st.mtp_k[:rows]), heap.kv_copy(st.mtp_v[:rows])
         return snap
 
     def restore(self, st: HostState, snap: HostState):
