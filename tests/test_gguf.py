@@ -264,3 +264,43 @@ def test_the_cpu_backend_maps_the_whole_file_in_at_load(tmp_path):
         assert not pages.map_in(mm, ram // 2 + 1)
         assert pages.map_in(mm, len(mm))
         mm.close()
+
+
+HUGE_RUN = """
+import hashlib, os, sys, numpy as np
+from vkspec import pages
+pages._THP = sys.argv[2]                      # the kernel's setting, as a file this test writes
+from vkspec.gguf_file import open_gguf
+from vkspec.loader import load_model
+from vkspec.speculative import generate
+path = sys.argv[1]
+model = load_model(path, activations="q8")
+f = open_gguf(path)
+held = f.huge_pages()
+at = np.frombuffer(f.g._map, np.uint8).ctypes.data
+maps = [ln for ln in open("/proc/self/maps") if int(ln.split("-")[0], 16) <= at < int(ln.split()[0].split("-")[1], 16)]
+digest = lambda: generate(model, list(range(30, 60)), 12).digest
+before = digest()
+f.drop_pages()                                # a device upload's drop: never the copy
+w = f.g.tensor_bytes(next(iter(f.tensors)))
+dropped = pages.drop(w)
+print(held, path in maps[0], dropped, before, digest())
+"""
+
+
+def test_weights_in_huge_pages_are_the_files_bytes(gguf_path, tmp_path):
+    """VKSPEC_HUGE_PAGES=1 (pages.hold_in_huge_pages): the file mapping's
+    place taken by an anonymous copy (the process's map of that address no
+    longer names the file), the same tokens as the file's own pages, and a
+    device upload's page drops, which would zero anonymous memory, refused."""
+    thp = tmp_path / "enabled"
+    thp.write_text("always [madvise] never\n")
+    out = {}
+    for flag in ("1", "0"):
+        env = dict(os.environ, VKSPEC_HUGE_PAGES=flag)
+        got = subprocess.run([sys.executable, "-c", HUGE_RUN, str(gguf_path), str(thp)], env=env,
+                             capture_output=True, text=True, check=True).stdout.split()
+        out[flag] = got
+    held, in_file, dropped, before, after = out["1"]
+    assert (held, in_file, dropped) == ("True", "False", "False") and before == after
+    assert out["0"][:3] == ["False", "True", "True"] and out["0"][3] == out["0"][4] == before

@@ -97,16 +97,28 @@ class GgufFile:
         return self.g.file_size
 
     def map_pages(self) -> bool:
-        """pages.map_in for the file: its weights are views into it."""
-        from .pages import map_in
-        return map_in(self.g._map, self.g.file_size)
+        """The CPU backend's weights, which are views into the file, made
+        resident at load: in huge pages where it can (pages.hold_in_huge_pages,
+        once a process), else the file's own pages (pages.map_in)."""
+        from .pages import hold_in_huge_pages, map_in
+        return self.huge_pages() or hold_in_huge_pages(self.g._map, self.path, self.g.file_size) \
+            or map_in(self.g._map, self.g.file_size)
+
+    def huge_pages(self) -> bool:
+        """Whether the file's mapping is hold_in_huge_pages' copy."""
+        from .pages import held
+        import numpy as np
+        return held(np.frombuffer(self.g._map, np.uint8).ctypes.data)
 
     def drop_pages(self):
         """Let the process's mapped pages of the file go (they stay in the OS's
         page cache; a later read maps them again): after a device upload the
-        weights live on the device only."""
+        weights live on the device only. Never the huge-page copy, which is
+        anonymous memory (dropping would zero it) and which a CPU model of
+        this process reads."""
         import mmap
-        self.g._map.madvise(mmap.MADV_DONTNEED)
+        if not self.huge_pages():
+            self.g._map.madvise(mmap.MADV_DONTNEED)
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:
