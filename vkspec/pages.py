@@ -14,10 +14,10 @@ never wrong, only a cost when the bytes are read again.
 Only read-only views of a file mapping are dropped: DONTNEED on anonymous
 memory would zero it (hold_in_huge_pages' copies are never dropped).
 
-hold_in_huge_pages (VKSPEC_HUGE_PAGES=1): the CPU backend's weights read from 2 MB pages. The
-file's pages are 4 KB, and a decoding step streams every weight once: a TLB
-miss and a prefetch stream that stops at each 4 KB page, about 8% of a
-1.7B-width decode step (docs/performance.md). The file's bytes are read into
+hold_in_huge_pages (VKSPEC_HUGE_PAGES=1): the CPU backend's weights read
+from 2 MB pages. The file's pages are 4 KB, and a decoding step streams every
+weight once: a TLB miss and a prefetch stream that stops at each 4 KB page
+(docs/performance.md has what it costs). The file's bytes are read into
 anonymous memory asked for in huge pages (madvise HUGEPAGE: the kernel's
 transparent huge pages, where its setting is not "never"), which then takes
 the file mapping's place at the same address, so every view made of the file
@@ -118,8 +118,7 @@ def huge_pages_on() -> bool:
     """Asked for (VKSPEC_HUGE_PAGES=1), on Linux with transparent huge pages
     not turned off. Not the default: where free memory is scattered or not yet
     backed (a VM's), the kernel reclaims and compacts to find 2 MB pages, and a
-    load took seconds more (a 5.3 GB file 1.2 -> 8.6 and 25 s; the next load
-    about 1 s more)."""
+    load waits for it (docs/performance.md)."""
     if os.environ.get("VKSPEC_HUGE_PAGES") != "1" or not sys.platform.startswith("linux"):
         return False
     try:
