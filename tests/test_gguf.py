@@ -267,7 +267,7 @@ def test_the_cpu_backend_maps_the_whole_file_in_at_load(tmp_path):
 
 
 HUGE_RUN = """
-import hashlib, os, sys, numpy as np
+import sys, numpy as np
 from vkspec import pages
 pages._THP = sys.argv[2]                      # the kernel's setting, as a file this test writes
 from vkspec.gguf_file import open_gguf
