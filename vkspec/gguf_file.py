@@ -96,29 +96,24 @@ class GgufFile:
     def file_bytes(self) -> int:
         return self.g.file_size
 
-    def map_pages(self) -> bool:
+    def map_pages(self) -> int:
         """The CPU backend's weights, which are views into the file, made
-        resident at load: in huge pages where it can (pages.hold_in_huge_pages,
-        once a process), else the file's own pages (pages.map_in)."""
-        from .pages import hold_in_huge_pages, map_in
-        return self.huge_pages() or hold_in_huge_pages(self.g._map, self.path, self.g.file_size) \
-            or map_in(self.g._map, self.g.file_size)
+        resident at load, in 2 MB pages where the system can
+        (pages.map_in_huge); the bytes mapped in 2 MB pages."""
+        from .pages import map_in_huge
+        return map_in_huge(self.g._map, self.path, self.g.file_size)
 
-    def huge_pages(self) -> bool:
-        """Whether the file's mapping is hold_in_huge_pages' copy."""
-        from .pages import held
-        import numpy as np
-        return held(np.frombuffer(self.g._map, np.uint8).ctypes.data)
+    def huge_pages(self) -> int:
+        """The bytes of the file this process maps in 2 MB pages."""
+        from .pages import pmd_mapped
+        return pmd_mapped(self.g._map)
 
     def drop_pages(self):
         """Let the process's mapped pages of the file go (they stay in the OS's
         page cache; a later read maps them again): after a device upload the
-        weights live on the device only. Never the huge-page copy, which is
-        anonymous memory (dropping would zero it) and which a CPU model of
-        this process reads."""
+        weights live on the device only."""
         import mmap
-        if not self.huge_pages():
-            self.g._map.madvise(mmap.MADV_DONTNEED)
+        self.g._map.madvise(mmap.MADV_DONTNEED)
 
     # --- config -----------------------------------------------------------------------
     def config_dict(self) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from .errors import VkspecError
+from .pages import ask_page_size
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)                  # what gguf.GGUFReader reads; v1 had 32-bit counts
@@ -97,6 +98,7 @@ def read_gguf(path) -> GgufContents:
             if size < 4 + 4 + 8 + 8:
                 raise VkspecError(f"{path}: truncated GGUF header ({size} bytes; a header is 24)")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        ask_page_size(mm, size)                 # before any read faults a page in
     except OSError as e:
         raise VkspecError(f"{path}: cannot read ({e.strerror or e})") from None
     return _Parser(path, mm, size).parse()

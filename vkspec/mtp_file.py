@@ -62,8 +62,8 @@ class WithMtpFile:
     def matrix(self, name, shape):
         return self._of(name).matrix(name, shape)
 
-    def map_pages(self) -> bool:
-        return self.main.map_pages() & self.mtp.map_pages()
+    def map_pages(self) -> int:
+        return self.main.map_pages() + self.mtp.map_pages()
 
     def drop_pages(self):
         self.main.drop_pages()

@@ -2,7 +2,7 @@
 mapped file's pages once the device holds them (drop), and the C heap's free
 pages after a load that parsed a large file (trim_heap). And the opposite for
 the CPU backend, whose weights are the file's pages: mapping them all in at
-load (map_in).
+load (map_in, map_in_huge).
 
 A weight uploaded to the device no longer needs its pages in this process:
 dropping them (madvise DONTNEED) as each weight goes, instead of after the
@@ -12,21 +12,16 @@ stay in the OS's page cache; a later read maps them again, so dropping is
 never wrong, only a cost when the bytes are read again.
 
 Only read-only views of a file mapping are dropped: DONTNEED on anonymous
-memory would zero it (hold_in_huge_pages' copies are never dropped).
+memory would zero it.
 
-hold_in_huge_pages (VKSPEC_HUGE_PAGES=1): the CPU backend's weights read
-from 2 MB pages. The file's pages are 4 KB, and a decoding step streams every
-weight once: a TLB miss and a prefetch stream that stops at each 4 KB page
-(docs/performance.md has what it costs). The file's bytes are read into
-anonymous memory asked for in huge pages (madvise HUGEPAGE: the kernel's
-transparent huge pages, where its setting is not "never"), which then takes
-the file mapping's place at the same address, so every view made of the file
-reads the copy: the same bytes, still one copy, in the file's layout.
+map_in_huge: the same, with the file's pages in 2 MB folios of the page
+cache, mapped 2 MB at a time.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
 import sys
@@ -57,8 +52,6 @@ def drop(a: np.ndarray) -> bool:
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     lo, hi = byte_bounds(a)
-    if held(lo):
-        return False
     start = lo // mmap.PAGESIZE * mmap.PAGESIZE
     return _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(hi - start), mmap.MADV_DONTNEED) == 0
 
@@ -103,23 +96,16 @@ def map_in(mm: mmap.mmap, size: int) -> bool:
     return True
 
 
-_HELD: list = []                    # (start, end) of every mapping hold_in_huge_pages replaced
 _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
-_MADV_HUGEPAGE, _MREMAP_MAYMOVE, _MREMAP_FIXED = 14, 1, 2
-_HUGE, _CHUNK = 2 << 20, 64 << 20
-
-
-def held(address: int) -> bool:
-    """Whether address lies in a mapping hold_in_huge_pages replaced (anonymous: never dropped)."""
-    return any(lo <= address < hi for lo, hi in _HELD)
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", 14)
+_MADV_NOHUGEPAGE = getattr(mmap, "MADV_NOHUGEPAGE", 15)
+_HUGE = 2 << 20
 
 
 def huge_pages_on() -> bool:
-    """Asked for (VKSPEC_HUGE_PAGES=1), on Linux with transparent huge pages
-    not turned off. Not the default: where free memory is scattered or not yet
-    backed (a VM's), the kernel reclaims and compacts to find 2 MB pages, and a
-    load waits for it (docs/performance.md)."""
-    if os.environ.get("VKSPEC_HUGE_PAGES") != "1" or not sys.platform.startswith("linux"):
+    """On Linux with transparent huge pages not turned off, unless
+    VKSPEC_HUGE_PAGES=0 turns them off for vkspec."""
+    if os.environ.get("VKSPEC_HUGE_PAGES") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         with open(_THP) as f:
@@ -128,57 +114,125 @@ def huge_pages_on() -> bool:
         return False
 
 
-def _c():
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    libc.mprotect.argtypes = libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-def hold_in_huge_pages(mm: mmap.mmap, path, size: int) -> bool:
-    """Put a copy of the file at `path` (`size` bytes) in huge pages where
-    its read-only mapping mm is (see the module's docstring); False, and the
-    file mapping left as it was, where it cannot be done (no huge pages, the
-    file over half the machine's memory, which must stay evictable, or any
-    call failing). The copy is read from the file in 64 MB steps, so the file's
-    own pages are never mapped: peak RSS stays one copy. When mm is closed,
-    its munmap frees the copy."""
+def ask_page_size(mm: mmap.mmap, size: int) -> bool:
+    """Ask for 2 MB pages for a file mapping mm of `size` bytes, or, where
+    huge pages are off, for 4 KB pages only (the page cache may hold the file
+    in 2 MB folios from another process's read); whether 2 MB was asked."""
+    if not sys.platform.startswith("linux") or size < _HUGE or not hasattr(mm, "madvise"):
+        return False
+    huge = huge_pages_on()
     try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return False
-    if not huge_pages_on() or size > ram // 2 or size < _HUGE:
-        return False
-    libc = _c()
-    at = np.frombuffer(mm, np.uint8).ctypes.data
-    length = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-    raw = libc.mmap(None, length + _HUGE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-    if raw is None or raw == ctypes.c_void_p(-1).value:
-        return False
-    start = (raw + _HUGE - 1) // _HUGE * _HUGE          # 2 MB aligned: whole huge pages
-    if start > raw:
-        libc.munmap(raw, start - raw)
-    if raw + _HUGE > start:
-        libc.munmap(start + length, raw + _HUGE - start)
-    done = 0
-    try:
-        libc.madvise(start, length, _MADV_HUGEPAGE)
-        view = memoryview((ctypes.c_char * length).from_address(start)).cast("B")
-        with open(path, "rb", buffering=0) as f:
-            while done < size:
-                got = f.readinto(view[done:min(size, done + _CHUNK)])
-                if not got:
-                    break
-                done += got
-        view.release()
+        mm.madvise(_MADV_HUGEPAGE if huge else _MADV_NOHUGEPAGE)
     except OSError:
-        done = -1
-    if done != size or libc.mprotect(start, length, mmap.PROT_READ) != 0 or \
-            libc.mremap(start, length, length, _MREMAP_MAYMOVE | _MREMAP_FIXED, at) != at:
-        libc.munmap(start, length)
         return False
-    _HELD.append((at, at + length))
-    return True
+    return huge
+
+
+class _ScanArg(ctypes.Structure):      # struct pm_scan_arg, linux/fs.h
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "size", "flags", "start", "end", "walk_end", "vec", "vec_len", "max_pages",
+        "category_inverted", "category_mask", "category_anyof_mask", "return_mask")]
+
+
+class _Region(ctypes.Structure):      # struct page_region
+    _fields_ = [(n, ctypes.c_uint64) for n in ("start", "end", "categories")]
+
+
+_PAGEMAP_SCAN = 0xC0606610            # _IOWR('f', 16, struct pm_scan_arg)
+_PAGE_IS_HUGE = 1 << 6
+
+
+def huge_ranges(mm: mmap.mmap) -> list[tuple[int, int]]:
+    """The [start, end) offsets of mapping mm this process maps 2 MB at a time
+    (the pagemap's PAGEMAP_SCAN, Linux 6.7); none where the kernel cannot say."""
+    at = np.frombuffer(mm, np.uint8).ctypes.data
+    end, out = at + len(mm), []
+    regions = (_Region * 256)()
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except OSError:
+        return out
+    try:
+        start = at
+        while start < end:
+            arg = _ScanArg(size=ctypes.sizeof(_ScanArg), start=start, end=end, vec=ctypes.addressof(regions),
+                           vec_len=len(regions), category_mask=_PAGE_IS_HUGE, return_mask=_PAGE_IS_HUGE)
+            n = fcntl.ioctl(fd, _PAGEMAP_SCAN, arg)
+            out += [(regions[i].start - at, regions[i].end - at) for i in range(n)]
+            if n < len(regions) or arg.walk_end <= start:
+                break
+            start = arg.walk_end
+    except OSError:                     # an older kernel: ENOTTY or EINVAL
+        return []
+    finally:
+        os.close(fd)
+    return out
+
+
+def pmd_mapped(mm: mmap.mmap) -> int:
+    """Bytes of mapping mm this process maps in 2 MB pages."""
+    return sum(hi - lo for lo, hi in huge_ranges(mm))
+
+
+def _holes(mm: mmap.mmap, whole: int) -> list[tuple[int, int]]:
+    """The [start, end) ranges of 2 MB pages in mm's first `whole` bytes not
+    mapped 2 MB at a time."""
+    holes, at = [], 0
+    for lo, hi in huge_ranges(mm) + [(whole, whole)]:
+        lo, hi = min(lo, whole) // _HUGE * _HUGE, min(hi, whole)
+        if lo > at:
+            holes.append((at, lo))
+        at = max(at, hi)
+    return holes
+
+
+def _evict(mm: mmap.mmap, path, holes) -> None:
+    """Unmap the ranges `holes` of mm and evict the file's cached pages there,
+    for a read that follows to bring them again. Only clean pages that no
+    process maps are evicted (the kernel skips the others): the file and
+    every other reader lose nothing."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for lo, hi in holes:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def map_in_huge(mm: mmap.mmap, path, size: int) -> int:
+    """map_in, with the file's pages in 2 MB page-cache folios mapped 2 MB at
+    a time; returns the bytes so mapped (0: map_in's pages, or none).
+
+    Why: a decoding step streams every weight once, and from 4 KB pages each
+    page is a TLB miss and the end of a hardware prefetch stream
+    (docs/performance.md has what it costs). The page cache can hold a file in
+    2 MB folios (ext4 since Linux 6.16, xfs), and a mapping 2 MB aligned (the
+    kernel aligns a file's mapping that large) then maps each folio with one
+    entry. The mapping asks for them (madvise HUGEPAGE), so the pages it reads
+    from disk come in 2 MB folios. The parts of a file cached in small folios
+    (a file just written or copied, or read back by another program after
+    memory ran short) are evicted and read once more, after a 2 MB probe
+    shows this file system gives 2 MB folios; a later load finds them cached,
+    and maps 5 GB in milliseconds. Still the file's bytes, held once, shared
+    with every process that maps the file. VKSPEC_HUGE_PAGES=0 keeps this
+    mapping in 4 KB pages."""
+    if not ask_page_size(mm, size) or size < 2 * _HUGE:
+        map_in(mm, size)
+        return 0
+    if not map_in(mm, size):        # too large to make resident: its faults bring 2 MB folios
+        return 0
+    holes = _holes(mm, size // _HUGE * _HUGE)
+    if not holes:
+        return pmd_mapped(mm)
+    lo, hi = holes[0]
+    try:
+        _evict(mm, path, [(lo, lo + _HUGE)])          # a probe: one 2 MB folio
+        mm.madvise(_POPULATE_READ, lo, _HUGE)
+        if not any(a <= lo and lo + _HUGE <= b for a, b in huge_ranges(mm)):
+            return pmd_mapped(mm)                   # the file system keeps small folios
+        _evict(mm, path, [(lo + _HUGE, hi)] + holes[1:])
+    except OSError:
+        pass
+    mm.madvise(_POPULATE_READ)
+    return pmd_mapped(mm)

@@ -6,7 +6,7 @@ prompts of several lengths, rounds interleaved; prints one markdown table.
 llama.cpp: ``llama-bench -p 0 -n N -d DEPTH -t 2`` (its CPU backend; it
 reports tokens a second of N generated tokens after DEPTH prompt tokens).
 vkspec: the same file on the CPU backend (q8, the process's defaults: set
-VKSPEC_HUGE_PAGES=1 to measure huge pages), a prompt of DEPTH random ids
+VKSPEC_HUGE_PAGES=0 to measure 4 KB pages), a prompt of DEPTH random ids
 fed as one block, then N single-token forwards timed together; a fresh
 state each round. Different harnesses around the same file and threads:
 neither counts sampling or detokenising.
