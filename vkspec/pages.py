@@ -21,7 +21,6 @@ cache, mapped 2 MB at a time.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import mmap
 import os
 import sys
@@ -145,6 +144,7 @@ _PAGE_IS_HUGE = 1 << 6
 def huge_ranges(mm: mmap.mmap) -> list[tuple[int, int]]:
     """The [start, end) offsets of mapping mm this process maps 2 MB at a time
     (the pagemap's PAGEMAP_SCAN, Linux 6.7); none where the kernel cannot say."""
+    import fcntl                        # POSIX only, as is the pagemap
     at = np.frombuffer(mm, np.uint8).ctypes.data
     end, out = at + len(mm), []
     regions = (_Region * 256)()
