@@ -19,8 +19,8 @@ def items(out: str) -> dict:
     for line in out.splitlines():
         verdict, rest = line.split(None, 1)
         assert verdict in VERDICTS, line
-        what = next(w for w in ("float controls", "device probe", "cpu float", "cpu q8", "kp wheels", "numba cache",
-                                "vulkan", "gpu", "cpu", "kp", "cache", "counts") if rest.startswith(w))
+        what = next(w for w in ("float controls", "device probe", "cpu float", "cpu q8", "cpu pages", "kp wheels",
+                                "numba cache", "vulkan", "gpu", "cpu", "kp", "cache", "counts") if rest.startswith(w))
         assert what not in found, f"{what} twice"
         found[what] = (verdict, rest[len(what):].strip())
     return found
@@ -31,8 +31,8 @@ def test_doctor_on_this_machine(vk, tmp_path):
     r = doctor(str(d), env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert r.returncode == 0, r.stdout + r.stderr
     got = items(r.stdout)
-    assert set(got) == {"vulkan", "gpu", "float controls", "device probe", "cpu", "cpu q8", "cpu float", "kp",
-                        "kp wheels", "cache", "numba cache", "counts"}
+    assert set(got) == {"vulkan", "gpu", "float controls", "device probe", "cpu", "cpu q8", "cpu float",
+                        "cpu pages", "kp", "kp wheels", "cache", "numba cache", "counts"}
     for what in ("vulkan", "device probe", "cpu", "cpu float", "kp"):
         assert got[what][0] == "ok", (what, got[what])
     from vkspec.backends.vulkan import vkinfo
@@ -47,11 +47,13 @@ def test_doctor_on_this_machine(vk, tmp_path):
 def test_doctor_without_a_vulkan_device(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VK_INSTANCE_LAYERS", "VKSPEC_VK_LOG")}
     env["VK_ICD_FILENAMES"] = env["VK_DRIVER_FILES"] = str(tmp_path / "none.json")
+    env["VKSPEC_HUGE_PAGES"] = "0"
     r = doctor(env=env)
     assert r.returncode == 1
     got = items(r.stdout)
     assert got["vulkan"][0] == "fail" and "device probe" not in got
     assert got["cpu"][0] == "ok" and got["cpu float"][0] == "ok"
+    assert got["cpu pages"] == ("info", "4 KB (VKSPEC_HUGE_PAGES=0)")
 
 
 def test_kernel_choice_names_the_cpu_vector_width():
