@@ -89,10 +89,24 @@ def map_in(mm: mmap.mmap, size: int) -> bool:
     if size > ram // 2 or not hasattr(mm, "madvise"):
         return False
     try:
-        mm.madvise(_POPULATE_READ)
+        _populate(mm, [(0, len(mm))], "mapping weights")
     except OSError:                 # an older kernel: EINVAL
         return False
     return True
+
+
+_STEP = 64 << 20
+
+
+def _populate(mm: mmap.mmap, ranges, desc: str) -> None:
+    """MADV_POPULATE_READ over ranges of mm, 64 MB a call, with a progress
+    bar where a user waits: from a cold page cache a large file takes seconds."""
+    from .progress import bar
+    with bar(sum(hi - lo for lo, hi in ranges), desc, unit="B") as b:
+        for lo, hi in ranges:
+            for at in range(lo, hi, _STEP):
+                mm.madvise(_POPULATE_READ, at, min(_STEP, hi - at))
+                b.update(min(_STEP, hi - at))
 
 
 _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -231,8 +245,9 @@ def map_in_huge(mm: mmap.mmap, path, size: int) -> int:
         mm.madvise(_POPULATE_READ, lo, _HUGE)
         if not any(a <= lo and lo + _HUGE <= b for a, b in huge_ranges(mm)):
             return pmd_mapped(mm)                   # the file system keeps small folios
-        _evict(mm, path, [(lo + _HUGE, hi)] + holes[1:])
-    except OSError:
+        rest = [(a, b) for a, b in [(lo + _HUGE, hi)] + holes[1:] if b > a]
+        _evict(mm, path, rest)
+        _populate(mm, rest, "reading weights into 2 MB pages (once)")
+    except OSError:                 # whatever was evicted faults back in when read
         pass
-    mm.madvise(_POPULATE_READ)
     return pmd_mapped(mm)
