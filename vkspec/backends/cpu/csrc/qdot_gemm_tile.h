@@ -3,15 +3,27 @@
  * and float vectors of LANES 32-bit lanes) and the V_* operations, V_DOT4 the unsigned-by-signed
  * dot of each lane's 4 bytes added into it, V_DOT2 the same of int16 pairs. */
 
-/* y[r][i0 + w] for tile ti's live rows r from each weight row's 8 lanes in L (fold8's order) */
+/* y[r][i0 + w] for tile ti's live rows r from each weight row's 8 lanes in L (fold8's order). A
+ * row's GW outputs are adjacent in y, its rows a matrix's width apart: written one row at a time,
+ * one store each (GW single floats a row, a page apart row to row, filled the store buffer and
+ * held up the next tile's arithmetic) */
 static inline __attribute__((always_inline)) void tile_store(const Mat *m, int64_t i0, int64_t ti, int64_t n, const float *L) {
-    for (int w = 0; w < GW && i0 + w < m->rows; w++) {
+    _Static_assert(GW == 8, "a row's outputs are one 8-float store");
+    float Y[GW][LANES] __attribute__((aligned(64)));
+    for (int w = 0; w < GW; w++) {
         const float *l = L + w * 8 * LANES;
         const VF a0 = VF_ADD(VF_LOAD(l), VF_LOAD(l + 4 * LANES)), a1 = VF_ADD(VF_LOAD(l + LANES), VF_LOAD(l + 5 * LANES));
         const VF a2 = VF_ADD(VF_LOAD(l + 2 * LANES), VF_LOAD(l + 6 * LANES)), a3 = VF_ADD(VF_LOAD(l + 3 * LANES), VF_LOAD(l + 7 * LANES));
-        float y[LANES];
-        VF_STOREU(y, VF_ADD(VF_ADD(a0, a2), VF_ADD(a1, a3)));
-        for (int r = 0; r < LANES && LANES * ti + r < n; r++) m->y[(LANES * ti + r) * m->y_stride + i0 + w] = y[r];
+        VF_STORE(Y[w], VF_ADD(VF_ADD(a0, a2), VF_ADD(a1, a3)));
+    }
+    const int live = m->rows - i0 < GW ? (int)(m->rows - i0) : GW;
+    for (int r = 0; r < LANES && LANES * ti + r < n; r++) {
+        float *y = m->y + (LANES * ti + r) * m->y_stride + i0;
+        if (live == GW) {
+            _mm256_storeu_ps(y, _mm256_setr_ps(Y[0][r], Y[1][r], Y[2][r], Y[3][r], Y[4][r], Y[5][r], Y[6][r], Y[7][r]));
+            continue;
+        }
+        for (int w = 0; w < live; w++) y[w] = Y[w][r];
     }
 }
 
