@@ -231,7 +231,7 @@ def map_in_huge(mm: mmap.mmap, path, size: int) -> int:
     and maps 5 GB in milliseconds. Still the file's bytes, held once, shared
     with every process that maps the file. VKSPEC_HUGE_PAGES=0 keeps this
     mapping in 4 KB pages."""
-    if not ask_page_size(mm, size) or size < 2 * _HUGE:
+    if not huge_pages_on() or size < 2 * _HUGE:     # read_gguf asked for the page size at open
         map_in(mm, size)
         return 0
     if not map_in(mm, size):        # too large to make resident: its faults bring 2 MB folios
