@@ -229,12 +229,14 @@ def _wide_isas():
     return list({qdot._variant(f): f for f in ("plain", "avx2", "avx512")}.values())
 
 
-@pytest.mark.parametrize("n,nh,nkv,hd,window", [(1, 16, 8, 128, 0), (3, 8, 2, 256, 0), (2, 4, 2, 128, 40)])
+@pytest.mark.parametrize("n,nh,nkv,hd,window", [(1, 16, 8, 128, 0), (3, 8, 2, 256, 0), (2, 4, 2, 128, 40),
+                                                  (1, 4, 2, 96, 0), (2, 4, 2, 192, 0)])
 def test_wide_heads_attention_rows_equal_the_definition(n, nh, nkv, hd, window):
-    """Heads of 128 and 256 columns score their keys in qdot's vk_scores once
+    """Heads wider than 64 columns score their keys in qdot's vk_scores once
     jit_qdot is bound (as every q8 layer's call binds it): each row's bits
     are attend_row's, with a window, a query whose products are all -0 and
-    an infinite key."""
+    an infinite key. 96 and 192 columns also take row_values' narrower pass
+    (after a wide one at 192 on AVX-512, and a partial one at 96)."""
     from vkspec.backends.cpu import jit_qdot
     jit_qdot.bind()
     rng = np.random.default_rng(hd + n)
@@ -486,7 +488,8 @@ for fmt in ("q4_0", "q4_1", "q8_0", "q4_k"):
             if not same_bits(jit_blocks.gemv(w, x[:n]), exact.gemv(dequantize(w), x[:n])):
                 bad.append((fmt, "edge", n))
 from vkspec.backends.cpu import ops
-for hd, nh, nkv in ((64, 9, 3), (38, 4, 2), (80, 4, 2)):   # 38, 80: partial vectors in every width; 80: the GEMV-kernel scores
+for hd, nh, nkv in ((64, 9, 3), (38, 4, 2), (80, 4, 2), (136, 2, 1)):   # 38, 80: partial vectors in every width;
+    # 80: the GEMV-kernel scores; 136: row_values' widest pass, then its partial one
     kc, vc = (rng.standard_normal((150, nkv, hd)).astype(np.float32) for _ in range(2))
     q = rng.standard_normal((6, nh, hd)).astype(np.float32)
     lens = np.arange(145, 151)

@@ -301,7 +301,11 @@ def query_scores_ir(groups: int) -> str:
     return "\n".join(L) + "\n"
 
 
-ROW_VALUES_VECTORS = 4      # vectors of columns a row_values pass holds per lane (4 lanes live: 16 registers on AVX2)
+# vectors of columns a row_values pass holds, widest first: the widest pass that fits the
+# head's columns runs, the narrowest also takes a partial last one. AVX2 holds 4 (16
+# registers); AVX-512 takes a 128-column head in one pass of 8: eight accumulators hide an
+# add's latency that four did not (a key's probability is read once, not twice)
+ROW_VALUES_VECTORS = {"avx512": (8, 4), "avx2": (4,), "plain": (4,)}
 
 
 def row_values_ir(isa: str = ISA) -> str:
@@ -315,7 +319,7 @@ def row_values_ir(isa: str = ISA) -> str:
     loaded, added and stored back, then folded) cost a store a product and
     a 32 KB clear a head, and the verify rows' one-query-a-lane kernel ran
     a loop per lane of one or two keys for each 8 columns of 8 queries. A pass takes
-    4 vectors of columns; for each lane quad l its four lanes run over
+    C vectors of columns (ROW_VALUES_VECTORS); for each lane quad l its four lanes run over
     their keys in registers (lane j: +0, then + p[t] * v[t] for t = j, j +
     128, ... in [lo, hi)), s_l = (a_4l + a_4l+1) + (a_4l+2 + a_4l+3) is
     parked, and the 32 s_l of each vector go through the tree (s_i + s_i+h,
@@ -323,17 +327,21 @@ def row_values_ir(isa: str = ISA) -> str:
     has its +0 padding, and before a window a probability of +0 times a
     value read as 0; adding +0 changes no lane, as no lane is ever -0.
     One fmul then one fadd, no fast-math flags."""
-    V, C = ISAS[isa][0], ROW_VALUES_VECTORS
+    V, widths = ISAS[isa][0], ROW_VALUES_VECTORS[isa]
     T, M = f"<{V} x float>", f"<{V} x i1>"
-    W = V * C
     L = ["define void @vkspec_row_values(ptr %p, ptr %v, i64 %vs, i64 %lo, i64 %hi, i64 %d, ptr %out) {",
-         "entry:", f"  %sbuf = alloca {T}, i64 {32 * C}, align 64"] + _splat("dv", "%d", V, "i64")
-    L += ["  br label %chunk", "chunk:", "  %c0 = phi i64 [0, %entry], [%c0n, %full.done]",
-          f"  %c0e = add i64 %c0, {W}", "  %whole = icmp ule i64 %c0e, %d", "  br i1 %whole, label %full, label %last",
-          "last:", "  %any = icmp ult i64 %c0, %d", "  br i1 %any, label %part, label %exit"]
-    L += ["full:"] + _row_values_pass("full", False, "full.done", V, C)
-    L += ["full.done:", f"  %c0n = add i64 %c0, {W}", "  br label %chunk"]
-    L += ["part:"] + _row_values_pass("part", True, "exit", V, C)
+         "entry:", f"  %sbuf = alloca {T}, i64 {32 * max(widths)}, align 64"] + _splat("dv", "%d", V, "i64")
+    back = ", ".join(["[0, %entry]"] + [f"[%c0n{C}, %full{C}.done]" for C in widths])
+    L += ["  br label %chunk", "chunk:", f"  %c0 = phi i64 {back}", f"  br label %try{widths[0]}"]
+    for i, C in enumerate(widths):                      # the widest whole pass that fits, else the partial one
+        other = f"try{widths[i + 1]}" if i + 1 < len(widths) else "last"
+        L += [f"try{C}:", f"  %c0e{C} = add i64 %c0, {V * C}", f"  %whole{C} = icmp ule i64 %c0e{C}, %d",
+              f"  br i1 %whole{C}, label %full{C}, label %{other}"]
+    L += ["last:", "  %any = icmp ult i64 %c0, %d", "  br i1 %any, label %part, label %exit"]
+    for C in widths:
+        L += [f"full{C}:"] + _row_values_pass(f"full{C}", False, f"full{C}.done", V, C)
+        L += [f"full{C}.done:", f"  %c0n{C} = add i64 %c0, {V * C}", "  br label %chunk"]
+    L += ["part:"] + _row_values_pass("part", True, "exit", V, widths[-1])
     L += ["exit:", "  ret void", "}",
           f"declare {T} @llvm.masked.load.v{V}f32.p0(ptr, i32, {M}, {T})",
           f"declare void @llvm.masked.store.v{V}f32.p0({T}, ptr, i32, {M})"]
