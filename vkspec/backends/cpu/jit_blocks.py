@@ -24,6 +24,7 @@ from ...formats.matrix import FP8_E4M3
 from . import jit, jit_math  # noqa: F401  (jit_math gives numba exact.bits / exact.from_bits)
 from .jit_dot import DOT_ROWS, MAX_ROWS, chunk_rows, claim, dot_rows, threads
 from .jit_ir_groups import CODES
+from .jit_qdot import bind_float, float_rows, float_rows_bound
 from .jit_unpack import (FUSED, FUSED_ROWS, ORDERED, Q4_0, Q4_1, Q4_K, Q8_0, STAGED, gemv_fused, order_staged,
                          order_x, unpack)
 
@@ -31,6 +32,7 @@ F = np.float32
 BLOCK = 16                  # weight rows per parallel work item
 _TWO_M24 = F(2.0 ** -24)
 _JIT = dict(boundscheck=False, error_model="numpy", cache=True)
+FLOATS = ("f16", "bf16")    # block formats the library's float_rows reads (jit_qdot.bind_float)
 
 
 @njit(**_JIT)
@@ -260,6 +262,9 @@ def _rows(code, data, scales, x, xp, out, lo, hi):
     if n <= FUSED_ROWS and FUSED[code]:              # decoded onto the lanes, no buffer (jit_ir_blocks)
         gemv_fused(code, data, lo, hi, xp, 0, n, out)
         return
+    if code <= 2 and float_rows_bound():             # f32, f16, bf16: widened in registers (float_dot.h)
+        float_rows(code, data, lo, hi, x, out)
+        return
     buf = np.empty(cols, F)
     got = np.empty(MAX_ROWS, F)
     for m in range(lo, hi):
@@ -409,6 +414,8 @@ def gemv_many(ws, x: np.ndarray, logical: bool = False, norm=None, up=None, act:
     elif up is not None:
         pro = (_NONE1, F(0), np.ascontiguousarray(up, dtype=F).reshape(x.shape), jit_math.ELEMENTWISE_OPS[act])
     n, outs = x.shape[0], []
+    if any(w.fmt in FLOATS for w in ws):
+        bind_float()
     for i in range(0, len(ws), 3):
         args, rows = _call_args(ws[i:i + 3], logical)
         got = [np.empty((n, r), F) for r in rows]

@@ -4,7 +4,9 @@ twin is qdot.gemvs), and ``q8_gemvs_each(mats, count, xs, ns, threads)``
 vk_q8_gemvs_each (qdot.gemvs_each: matrix j against its own input, xs[j]'s
 address and ns[j] rows), with no Python between them and the kernel's other
 steps; ``wide_scores`` is the library's attention scores for heads wider
-than 64 columns (vk_scores), which jit_attend calls where the cell holds it.
+than 64 columns (vk_scores), which jit_attend calls where the cell holds it;
+``float_rows`` the float weights' rows (vk_float_rows, float_dot.h), which
+jit_blocks' GEMV calls where the cell holds it (bind_float).
 
 Why: a sublayer's GEMVs, norms, activations and attention as one compiled
 call (jit_sublayer) cost one dispatch from Python instead of a dozen, and a
@@ -39,8 +41,8 @@ from . import qdot
 
 Y = qdot._Y                                         # a Mat row's output address; Y + 1: its stride
 _CELL_NAME = "vkspec_q8_gemvs_cell"
-_SLOTS = 3
-_CELL = (ctypes.c_void_p * _SLOTS)()               # vk_q8_gemvs, vk_q8_gemvs_each, vk_scores
+_SLOTS = 4
+_CELL = (ctypes.c_void_p * _SLOTS)()               # vk_q8_gemvs, vk_q8_gemvs_each, vk_scores, vk_float_rows
 _BOUND: list = [None]
 llvm.add_symbol(_CELL_NAME, ctypes.addressof(_CELL))
 
@@ -49,9 +51,20 @@ def bind() -> None:
     """The cell points at the entry points of the library qdot.lib() chooses."""
     lib = qdot.lib()
     if _BOUND[0] is not lib:
-        _CELL[0], _CELL[1], _CELL[2] = (ctypes.cast(f, ctypes.c_void_p).value
-                                        for f in (lib.vk_q8_gemvs, lib.vk_q8_gemvs_each, lib.vk_scores))
+        _CELL[:] = [ctypes.cast(f, ctypes.c_void_p).value
+                    for f in (lib.vk_q8_gemvs, lib.vk_q8_gemvs_each, lib.vk_scores, lib.vk_float_rows)]
         _BOUND[0] = lib
+
+
+def bind_float() -> None:
+    """bind() for a call with float weights (f32, f16, bf16) in f32 mode,
+    which the library makes fast but does not need: where it cannot be built
+    (no C compiler), the cell stays as it is and jit_blocks decodes such rows
+    in numba, to the same bits."""
+    try:
+        bind()
+    except qdot.build.BuildError:
+        pass
 
 
 def _cell_entry(builder, which: int, fnty):
@@ -127,10 +140,7 @@ def q8_gemvs_each(mats, count, xs, ns, threads):
 @intrinsic
 def wide_scores_bound(typingctx):
     """Whether the cell holds vk_scores (bind() has run in this process)."""
-    def codegen(context, builder, sig, args):
-        fn = _cell_entry(builder, 2, ir.FunctionType(ir.VoidType(), []))
-        return builder.icmp_unsigned("!=", builder.ptrtoint(fn, ir.IntType(64)), ir.Constant(ir.IntType(64), 0))
-    return types.boolean(), codegen
+    return _slot_bound(2)
 
 
 @intrinsic
@@ -150,3 +160,43 @@ def wide_scores(typingctx, kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale):
         builder.call(_cell_entry(builder, 2, SCORES_FN), scores_args(context, builder, sig, args, ka, qa, oa))
         return context.get_dummy_value()
     return types.none(kc, g, t0, nkeys, q, q0, nq, out, r, h0, j0, scale), codegen
+
+
+def _slot_bound(which: int):
+    def codegen(context, builder, sig, args):
+        fn = _cell_entry(builder, which, ir.FunctionType(ir.VoidType(), []))
+        return builder.icmp_unsigned("!=", builder.ptrtoint(fn, ir.IntType(64)), ir.Constant(ir.IntType(64), 0))
+    return types.boolean(), codegen
+
+
+@intrinsic
+def float_rows_bound(typingctx):
+    """Whether the cell holds vk_float_rows (bind() has run in this process)."""
+    return _slot_bound(3)
+
+
+@intrinsic
+def float_rows(typingctx, code, data, lo, hi, x, out):
+    """vk_float_rows through the cell: out[r, m] = dot(x[r], the values of
+    stored row m of data) for lo <= m < hi and every row r of x, in
+    exact.dot's order; code is jit_blocks' (0 f32, 1 f16, 2 bf16), data a
+    2-d uint8 array whose rows are contiguous, x (n, cols) and out (n, >= hi)
+    C-contiguous float32. The caller checks float_rows_bound() first."""
+    if not (isinstance(data, types.Array) and data.ndim == 2 and data.dtype == types.uint8
+            and all(_c_array(a, types.float32) and a.ndim == 2 for a in (x, out))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr, i64, i32 = ir.PointerType(ir.IntType(8)), ir.IntType(64), ir.IntType(32)
+        fn = _cell_entry(builder, 3, ir.FunctionType(ir.VoidType(), [i32, ptr, i64, i64, ptr, i64, i64, ptr, i64]))
+        da, xa, oa = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (1, 4, 5))
+        code = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), i32)
+        lo, hi = (context.cast(builder, args[i], sig.args[i], types.int64) for i in (2, 3))
+        stride = builder.extract_value(da.strides, 0)
+        ys = builder.extract_value(oa.shape, 1)
+        w = builder.gep(builder.bitcast(da.data, ptr), [builder.mul(lo, stride)])
+        y = builder.bitcast(builder.gep(oa.data, [lo]), ptr)
+        builder.call(fn, [code, w, stride, builder.sub(hi, lo), builder.bitcast(xa.data, ptr),
+                          builder.extract_value(xa.shape, 0), builder.extract_value(xa.shape, 1), y, ys])
+        return context.get_dummy_value()
+    return types.none(code, data, lo, hi, x, out), codegen

@@ -77,6 +77,8 @@ class LayerCalls:
         self.eps = F(cfg.rms_norm_eps)
         self.norms = {name: jit_math._weight(w, H) for name, w in lw.norms.items()}
         self.attn, self.mlp = attention_mode(lw), mlp_mode(lw)
+        f32 = ([a.q, a.k, a.v, a.o] if self.attn == "f32" else []) + ([f.gate, f.up, f.down] if self.mlp == "f32" else [])
+        self.floats = any(w.fmt in jit_blocks.FLOATS for w in f32)     # f16, bf16: bind_float before the calls
         self.inv_h = F(1.0 / H)                     # jit_math.rmsnorm's 1/K
         if self.attn == "q8":                       # words: jit_sublayer's Mats; keep: what they point into
             (self.qkv_words, k1), (self.o_words, k2) = qdot.mat_words([a.q, a.k, a.v]), qdot.mat_words([a.o])
@@ -126,6 +128,8 @@ class LayerCalls:
             jit_qdot.bind()
             return jit_sublayer.attention_q8(x, norm, self.eps, self.inv_h, self.qkv_words, self.o_words, *self.q8_args,
                                              kc, vc, pos, self.window, self.scale, cos, sin, qdot.THREADS)
+        if self.floats:
+            jit_qdot.bind_float()
         qkv = [np.empty((n, r), F) for r in self.qkv_rows]
         jit_blocks._gemv(*self.qkv, x, norm, self.eps, _NONE2, 0, *qkv)
         q, k, v = (y if b is None else y + b for y, b in zip(qkv, self.biases))
@@ -163,6 +167,8 @@ class LayerCalls:
             jit_qdot.bind()
             return jit_sublayer.mlp_q8(np.ascontiguousarray(x, dtype=F), norm, self.eps, self.inv_h, self.gu_words,
                                        self.down_words, self.inter, self.act, qdot.THREADS)
+        if self.floats:
+            jit_qdot.bind_float()
         g, u = (np.empty((n, r), F) for r in self.gu_rows)
         jit_blocks._gemv(*self.gu, x, norm, self.eps, _NONE2, 0, g, u, g)
         d = np.empty((n, self.down_rows), F)

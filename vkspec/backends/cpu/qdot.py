@@ -69,6 +69,8 @@ def open_library(path):
     lib.vk_q8_gemvs_each.restype = ctypes.c_int
     lib.vk_scores.argtypes = [_P, _I, _P, _I, _I, _P, _I, _I, _I, ctypes.c_float]
     lib.vk_scores.restype = None
+    lib.vk_float_rows.argtypes = [ctypes.c_int, _P, _I, _I, _P, _I, _I, _P, _I]
+    lib.vk_float_rows.restype = None
     return lib
 
 

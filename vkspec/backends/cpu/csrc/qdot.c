@@ -24,7 +24,8 @@
  *
  * The library also holds attention's scores for heads wider than 64 columns
  * (vk_scores, attend_scores.h), a float kernel numba's code calls as it calls
- * these (jit_qdot).
+ * these (jit_qdot), and the float weights' rows against float32 activations (vk_float_rows,
+ * float_dot.h), which jit_blocks' GEMV calls the same way.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -454,3 +455,4 @@ int vk_q8_gemvs_each(const Mat *mats, int count, const float *const *xs, const i
 }
 
 #include "attend_scores.h"
+#include "float_dot.h"
