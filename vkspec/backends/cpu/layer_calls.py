@@ -77,7 +77,8 @@ class LayerCalls:
         self.eps = F(cfg.rms_norm_eps)
         self.norms = {name: jit_math._weight(w, H) for name, w in lw.norms.items()}
         self.attn, self.mlp = attention_mode(lw), mlp_mode(lw)
-        f32 = ([a.q, a.k, a.v, a.o] if self.attn == "f32" else []) + ([f.gate, f.up, f.down] if self.mlp == "f32" else [])
+        f32 = (([a.q, a.k, a.v, a.o] if self.attn == "f32" else [])
+               + ([f.gate, f.up, f.down] if self.mlp == "f32" else []))
         self.floats = any(w.fmt in jit_blocks.FLOATS for w in f32)     # f16, bf16: bind_float before the calls
         self.inv_h = F(1.0 / H)                     # jit_math.rmsnorm's 1/K
         if self.attn == "q8":                       # words: jit_sublayer's Mats; keep: what they point into

@@ -33,7 +33,8 @@ static inline void fl_tail(const int fmt, const uint8_t *row, int64_t at, int64_
 static inline __m512 fl_widen16(const int fmt, const uint8_t *p) {
     if (fmt == FL_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     if (fmt == FL_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
     return _mm512_loadu_ps((const float *)p);
 }
 
@@ -70,7 +71,8 @@ static inline __attribute__((always_inline)) void fl_rows(const int fmt, const i
     if (wt)
         for (int r = 0; r < R; r++)
             for (int z = 0; z < 8; z++)
-                a[r][z] = _mm512_add_ps(a[r][z], _mm512_mul_ps(_mm512_loadu_ps(xt[r] + 16 * z), _mm512_loadu_ps(wt + 16 * z)));
+                a[r][z] = _mm512_add_ps(a[r][z],
+                                        _mm512_mul_ps(_mm512_loadu_ps(xt[r] + 16 * z), _mm512_loadu_ps(wt + 16 * z)));
     for (int r = 0; r < R; r++) *out[r] = fl_fold(a[r]);
 }
 
