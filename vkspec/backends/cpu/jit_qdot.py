@@ -56,15 +56,21 @@ def bind() -> None:
         _BOUND[0] = lib
 
 
+_UNBUILT: set = set()                              # qdot.variant()s whose library failed to build
+
+
 def bind_float() -> None:
-    """bind() for a call with float weights (f32, f16, bf16) in f32 mode,
-    which the library makes fast but does not need: where it cannot be built
-    (no C compiler), the cell stays as it is and jit_blocks decodes such rows
-    in numba, to the same bits."""
+    """bind() for a call with f16 or bf16 weights, which the library makes
+    fast but does not need: where it cannot be built (no C compiler), the
+    cell stays as it is and jit_blocks decodes such rows in numba, to the
+    same bits. A failed build is not tried again on every GEMV."""
+    v = qdot.variant()
+    if v in _UNBUILT:
+        return
     try:
         bind()
     except qdot.build.BuildError:
-        pass
+        _UNBUILT.add(v)
 
 
 def _cell_entry(builder, which: int, fnty):
