@@ -54,27 +54,29 @@ def library_rows(w, x):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", list(CODES))
 def test_library_float_rows_are_the_definition(fmt, isa, monkeypatch):
-    """Whole steps of 128 columns, partial ones (1, 100, 300, 2100), 1 to 9
-    rows (past the 8-row tile, and an odd one beside pairs)."""
+    """Whole steps of 128 columns, partial ones (1, 100, 300, 2100); 1 to 9
+    rows (past the 8-row tile, and an odd one beside pairs), then 16 and 23
+    (float_gemm.h's tiles, the last one part full); 21 weight rows (a part
+    tile), and 70 at one width (past a 64-row pass)."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(11)
     for cols in (1, 100, 128, 300, 2048, 2100):
-        w = weight(fmt, 21, cols, rng)
-        x = inputs(rng, 9, cols)
-        for n in (1, 2, 3, 8, 9):
-            bits_equal(library_rows(w, x[:n]), exact.gemv(dequantize(w), x[:n]))
+        w = weight(fmt, 70 if cols == 300 else 21, cols, rng)
+        x = inputs(rng, 23, cols)
+        for n in (1, 2, 3, 8, 9, 16, 23):
+            bits_equal(library_rows(w, x[-n:]), exact.gemv(dequantize(w), x[-n:]))     # the edge row in each
 
 
 @pytest.mark.parametrize("fmt", ["f16", "bf16"])
 def test_block_gemv_takes_float_rows_from_the_library(fmt, monkeypatch):
     """jit_blocks' GEMV of an f16 or bf16 weight (q, k and v in one call, a
-    permuted one too) binds the library and equals the definition; with the
+    permuted one too; 1 to 20 rows, so a prefill's tiles too) binds the library and equals the definition; with the
     cell's slot emptied, its numba decoders give the same bits."""
     rng = np.random.default_rng(12)
     ws = [weight(fmt, r, 300, rng) for r in (40, 24, 24)]
     ws.append(ws[0].reordered(rng.permutation(40)))
-    x = inputs(rng, 5, 300)
-    for n in (1, 2, 5):
+    x = inputs(rng, 20, 300)
+    for n in (1, 2, 5, 20):
         got = jit_blocks.gemv_many(ws, x[:n], logical=True)
         assert jit_qdot._CELL[3], "the library's float_rows is not bound"
         for w, y in zip(ws, got):

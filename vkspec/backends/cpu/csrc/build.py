@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "qdot.c"
 HEADERS = (HERE / "qdot_decode.h", HERE / "qdot_rows_b32.h", HERE / "qdot_rows_k.h", HERE / "qdot_gemm.h", HERE / "qdot_gemm_tile.h",
-           HERE / "attend_scores.h", HERE / "float_dot.h")
+           HERE / "attend_scores.h", HERE / "float_dot.h", HERE / "float_gemm.h")
 BASE = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 X86 = platform.machine() in ("x86_64", "AMD64", "i686")
 VARIANTS: dict[str, list[str]] = {

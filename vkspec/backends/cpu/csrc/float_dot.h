@@ -84,6 +84,14 @@ static inline __m256 fl_widen8(const int fmt, const uint8_t *p) {
     return _mm256_loadu_ps((const float *)p);
 }
 
+/* exact._finish's tree from its first level: Q[g] holds lanes 2 g and 2 g + 1 at 0 and 4 */
+static inline float fl_fold_q(__m256 *Q) {
+    for (int h = 8; h >= 1; h /= 2)                                         /* h = 16, 8, 4, 2 */
+        for (int g = 0; g < h; g++) Q[g] = _mm256_add_ps(Q[g], Q[g + h]);
+    const __m256 v = _mm256_add_ps(Q[0], _mm256_permute2f128_ps(Q[0], Q[0], 1));   /* h = 1 */
+    return _mm256_cvtss_f32(v);
+}
+
 /* one activation row (R = 1) in two passes of 64 lanes (8 registers each: 16 ymm registers cannot
  * hold 128 lanes and their operands); a register g of the 16 holds lanes 8 g .. 8 g + 7 */
 static inline __attribute__((always_inline)) void fl_rows(const int fmt, const int R, const uint8_t *row,
@@ -112,10 +120,7 @@ static inline __attribute__((always_inline)) void fl_rows(const int fmt, const i
             Q[8 * pass + z] = _mm256_add_ps(p, _mm256_permute_ps(p, 0x4E));   /* lanes 2 g, 2 g + 1 at 0, 4 */
         }
     }
-    for (int h = 8; h >= 1; h /= 2)                                         /* h = 16, 8, 4, 2 */
-        for (int g = 0; g < h; g++) Q[g] = _mm256_add_ps(Q[g], Q[g + h]);
-    const __m256 v = _mm256_add_ps(Q[0], _mm256_permute2f128_ps(Q[0], Q[0], 1));   /* h = 1 */
-    *out[0] = _mm256_cvtss_f32(v);
+    *out[0] = fl_fold_q(Q);
 }
 
 #else
@@ -171,11 +176,21 @@ static inline __attribute__((always_inline)) void fl_span(const int fmt, const u
     }
 }
 
+#include "float_gemm.h"
+
 /* y[r * ys + i] = dot(x[r], the values of row i) for the weight rows i < rows (row_bytes apart,
  * in format fmt: FL_F32, FL_F16 or FL_BF16) and the activation rows r < n (cols float32 apart);
  * one thread's work: callers share the rows out. */
 void vk_float_rows(int fmt, const uint8_t *w, int64_t row_bytes, int64_t rows, const float *x, int64_t n,
                    int64_t cols, float *y, int64_t ys) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+    if (n >= FG_MIN && cols > 0) {
+        if (fmt == FL_F16) fg_span(FL_F16, w, row_bytes, rows, x, n, cols, y, ys);
+        else if (fmt == FL_BF16) fg_span(FL_BF16, w, row_bytes, rows, x, n, cols, y, ys);
+        else fg_span(FL_F32, w, row_bytes, rows, x, n, cols, y, ys);
+        return;
+    }
+#endif
     if (fmt == FL_F16) fl_span(FL_F16, w, row_bytes, rows, x, n, cols, y, ys);
     else if (fmt == FL_BF16) fl_span(FL_BF16, w, row_bytes, rows, x, n, cols, y, ys);
     else fl_span(FL_F32, w, row_bytes, rows, x, n, cols, y, ys);
