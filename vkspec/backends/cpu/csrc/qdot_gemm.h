@@ -145,7 +145,6 @@ static inline __attribute__((always_inline)) void unpack_k(const Mat *m, int64_t
     }
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* rows of 32-column blocks (values32's formats) */
 static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64_t i0, Unpacked *g, const int f) {
     const int64_t nb = m->cols / 32, bb = BLOCK_BYTES[f];
@@ -169,7 +168,6 @@ static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64
         }
     }
 }
-#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define VI __m512i
@@ -220,13 +218,11 @@ static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64
 /* weight group gi of m against every tile, one format at a time */
 static inline __attribute__((always_inline)) void gemm_at(const Mat *m, int64_t gi, const Tiles *t, int64_t n,
                                                           Unpacked *g, float *L, const int f) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     if (f < F_Q2_K) {
         unpack_b32(m, GW * gi, g, f);
         for (int64_t ti = 0; ti < (n + LANES - 1) / LANES; ti++) gemm_b32_tile(m, GW * gi, g, t, ti, n, L, f);
         return;
     }
-#endif
     unpack_k(m, GW * gi, g, f);
     for (int64_t ti = 0; ti < (n + LANES - 1) / LANES; ti++) gemm_k_tile(m, GW * gi, g, t, ti, n, L, f);
 }
@@ -235,6 +231,8 @@ static inline __attribute__((always_inline)) void gemm_at(const Mat *m, int64_t 
 static inline int gemm_takes(int f, int64_t n) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     if (f <= F_Q8_0) return n >= GEMM_MIN_ROWS;
+#else
+    if (f < F_Q8_0) return n >= GEMM_MIN_ROWS;      /* Q8_0's pairs of 255 x -128 would saturate vpmaddubsw */
 #endif
     return f >= F_Q2_K && n >= GEMM_MIN_ROWS;
 }
@@ -242,11 +240,11 @@ static inline int gemm_takes(int f, int64_t n) {
 /* one instance per format: its shifts, masks and scales are constants */
 static void gemm(const Mat *m, int64_t gi, const Tiles *t, int64_t n, Unpacked *g, float *L) {
     switch (m->fmt) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     case F_Q4_0: gemm_at(m, gi, t, n, g, L, F_Q4_0); return;
     case F_Q4_1: gemm_at(m, gi, t, n, g, L, F_Q4_1); return;
     case F_Q5_0: gemm_at(m, gi, t, n, g, L, F_Q5_0); return;
     case F_Q5_1: gemm_at(m, gi, t, n, g, L, F_Q5_1); return;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     case F_Q8_0: gemm_at(m, gi, t, n, g, L, F_Q8_0); return;
 #endif
     case F_Q2_K: gemm_at(m, gi, t, n, g, L, F_Q2_K); return;

@@ -70,7 +70,6 @@ static inline __attribute__((always_inline)) void gemm_k_tile(
     tile_store(m, i0, ti, n, L);
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* rows of 32-column blocks: a block's 8 quads, then its float part (row_b32_at's) */
 static inline __attribute__((always_inline)) void gemm_b32_tile(
         const Mat *m, int64_t i0, const Unpacked *g, const Tiles *t, int64_t ti, int64_t n, float *L, const int f) {
@@ -104,4 +103,3 @@ static inline __attribute__((always_inline)) void gemm_b32_tile(
     }
     tile_store(m, i0, ti, n, L);
 }
-#endif
