@@ -1,8 +1,8 @@
 /* Block rows against several activation rows (vector builds; included by qdot.c before its matrix
  * loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight row's
  * scales, zero point, mins and float scales apply to all of them at once and no lane is summed
- * across. gemm_k takes K-quant rows; gemm_b32 (AVX-512 builds) rows of 32-column blocks (Q4_0,
- * Q4_1, Q5_0, Q5_1, Q8_0). Each output is rows_k_at's or row_b32_at's value for its one
+ * across. gemm_k takes K-quant rows; gemm_b32 rows of 32-column blocks (Q4_0, Q4_1, Q5_0, Q5_1,
+ * and Q8_0 on AVX-512 only: on AVX2 its bytes against q + 128 would saturate vpmaddubsw). Each output is rows_k_at's or row_b32_at's value for its one
  * (activation row, weight row) pair:
  *
  * - the integer sums are exact in any order. The activations are stored as q + 128 (vpdpbusd
