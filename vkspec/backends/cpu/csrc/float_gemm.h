@@ -55,9 +55,10 @@ static inline float fg_fold(const float *a) {
 #if defined(__AVX512F__) || defined(__AVX2__)
 /* one tile over steps c0 <= c < c1 (the tail too, where t): acc[i][r][128] holds the 128 lane sums of
  * dot(x row r, weight row i) so far, and takes them on (from +0 where c0 == 0) */
-static inline __attribute__((always_inline)) void fg_tile(const int fmt, const uint8_t *const *w, const float *const *wt,
-                                                          const float *const *x, const float *const *xt, int64_t c0,
-                                                          int64_t c1, int t, float (*acc)[FG_R][128]) {
+static inline __attribute__((always_inline)) void fg_tile(const int fmt, const uint8_t *const *w,
+                                                          const float *const *wt, const float *const *x,
+                                                          const float *const *xt, int64_t c0, int64_t c1, int t,
+                                                          float (*acc)[FG_R][128]) {
     const int es = fmt == FL_F32 ? 4 : 2;
     for (int g = 0; g < 128; g += FG_LANES) {
         fg_vec a[FG_R][FG_C];
@@ -73,7 +74,8 @@ static inline __attribute__((always_inline)) void fg_tile(const int fmt, const u
         }
         if (t)
             for (int r = 0; r < FG_R; r++)
-                for (int i = 0; i < FG_C; i++) a[r][i] = FG_ADD(a[r][i], FG_MUL(FG_LOAD(xt[r] + g), FG_LOAD(wt[i] + g)));
+                for (int i = 0; i < FG_C; i++)
+                    a[r][i] = FG_ADD(a[r][i], FG_MUL(FG_LOAD(xt[r] + g), FG_LOAD(wt[i] + g)));
         for (int r = 0; r < FG_R; r++)
             for (int i = 0; i < FG_C; i++) FG_STORE(acc[i][r] + g, a[r][i]);
     }

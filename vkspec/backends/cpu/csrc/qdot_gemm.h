@@ -2,8 +2,8 @@
  * loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight row's
  * scales, zero point, mins and float scales apply to all of them at once and no lane is summed
  * across. gemm_k takes K-quant rows; gemm_b32 rows of 32-column blocks (Q4_0, Q4_1, Q5_0, Q5_1,
- * and Q8_0 on AVX-512 only: on AVX2 its bytes against q + 128 would saturate vpmaddubsw). Each output is rows_k_at's or row_b32_at's value for its one
- * (activation row, weight row) pair:
+ * and Q8_0 on AVX-512 only: on AVX2 its bytes against q + 128 would saturate vpmaddubsw). Each
+ * output is rows_k_at's or row_b32_at's value for its one (activation row, weight row) pair:
  *
  * - the integer sums are exact in any order. The activations are stored as q + 128 (vpdpbusd
  *   takes its unsigned bytes from them, its signed ones from the weights' values, which fit int8;
