@@ -57,7 +57,8 @@ def test_library_float_rows_are_the_definition(fmt, isa, monkeypatch):
     """Whole steps of 128 columns, partial ones (1, 100, 300, 2100); 1 to 9
     rows (past the 8-row tile, and an odd one beside pairs), then 16 and 23
     (float_gemm.h's tiles, the last one part full); 21 weight rows (a part
-    tile), and 70 at one width (past a 64-row pass)."""
+    tile), and 70 at one width (four passes of 16 weight rows and a part
+    one)."""
     monkeypatch.setenv("VKSPEC_CPU_ISA", isa)
     rng = np.random.default_rng(11)
     for cols in (1, 100, 128, 300, 2048, 2100):
@@ -70,8 +71,9 @@ def test_library_float_rows_are_the_definition(fmt, isa, monkeypatch):
 @pytest.mark.parametrize("fmt", ["f16", "bf16"])
 def test_block_gemv_takes_float_rows_from_the_library(fmt, monkeypatch):
     """jit_blocks' GEMV of an f16 or bf16 weight (q, k and v in one call, a
-    permuted one too; 1 to 20 rows, so a prefill's tiles too) binds the library and equals the definition; with the
-    cell's slot emptied, its numba decoders give the same bits."""
+    permuted one too; 1 to 20 rows, so a prefill's tiles too) binds the
+    library and equals the definition; with the cell's slot emptied, its
+    numba decoders give the same bits."""
     rng = np.random.default_rng(12)
     ws = [weight(fmt, r, 300, rng) for r in (40, 24, 24)]
     ws.append(ws[0].reordered(rng.permutation(40)))
