@@ -24,7 +24,7 @@ static inline float fl_value(const int fmt, const uint8_t *row, int64_t j) {
     return v;
 }
 
-/* the row's last partial step, widened into t[0..127] with +0 past cols */
+/* a row's last partial step (a weight row, or an activation row as FL_F32) in t[0..127], +0 past cols */
 static inline void fl_tail(const int fmt, const uint8_t *row, int64_t at, int64_t cols, float *t) {
     for (int64_t j = 0; j < 128; j++) t[j] = at + j < cols ? fl_value(fmt, row, at + j) : 0.0f;
 }
@@ -157,7 +157,7 @@ static inline __attribute__((always_inline)) void fl_span(const int fmt, const u
         const int64_t tn = n - t0 < FL_TILE ? n - t0 : FL_TILE;
         if (rest)
             for (int64_t r = 0; r < tn; r++)
-                for (int64_t j = 0; j < 128; j++) xt[r][j] = j < rest ? x[(t0 + r) * cols + 128 * steps + j] : 0.0f;
+                fl_tail(FL_F32, (const uint8_t *)(x + (t0 + r) * cols), 128 * steps, cols, xt[r]);
         for (int64_t i = 0; i < rows; i++) {
             const uint8_t *row = w + i * row_bytes;
             if (rest) fl_tail(fmt, row, 128 * steps, cols, wt);

@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) void fg_span(const int fmt, const u
                 const int64_t at = r0 + r < n ? r0 + r : n - 1;
                 xr[r] = x + at * cols;
                 xtr[r] = xt[r];
-                for (int64_t j = 0; rest && j < 128; j++) xt[r][j] = j < rest ? xr[r][128 * steps + j] : 0.0f;
+                if (rest) fl_tail(FL_F32, (const uint8_t *)xr[r], 128 * steps, cols, xt[r]);
             }
             for (int64_t c0 = 0; c0 < steps || (c0 == 0 && rest); c0 += FG_K) {
                 const int64_t c1 = steps - c0 < FG_K ? steps : c0 + FG_K;
