@@ -4,6 +4,7 @@ bytes, wrong methods, paths, media types, Origin and Host headers. Not one
 answer is a 5xx (or a stream that ends in a server error), and /health
 answers within 1 s throughout, checked from a thread of its own."""
 
+import copy
 import json
 import threading
 import time
@@ -66,9 +67,9 @@ def bodies(draw, path):
             body.pop(key, None)
         elif how == "nest" and isinstance(body.get("messages"), list) and body["messages"] \
                 and isinstance(body["messages"][0], dict):
-            body["messages"][0][key] = draw(values)
-        else:
-            body[key] = draw(values)
+            body["messages"][0][key] = copy.deepcopy(draw(values))
+        else:               # a copy: SHAPES hands out the same objects, and a later "nest" writes into them
+            body[key] = copy.deepcopy(draw(values))
     if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 8:
         body["max_tokens"] = 8          # turns stay short: the point is the input
     return json.dumps(body, allow_nan=True)
