@@ -141,7 +141,7 @@ def test_tiled_rows(fmt, isa, monkeypatch):
     against tiles of 8 activation rows, and gemm's groups of 8 weight rows
     against tiles of activation rows in its lanes (K-quants: AVX-512 16 from
     16 rows, AVX2 8 from 32 rows; 32-column blocks: AVX-512 16 from 16 rows,
-    AVX2 8 from 32 rows but Q8_0);
+    AVX2 8 from 32 rows);
     the last group and tile of each short (70 weight rows; 9, 16, 19 and 35
     activation rows, and 12, 22 and 43 with edge rows among them; 512, 2048
     and 2304 columns); a permuted weight too. Each output is its own row's

@@ -1,9 +1,9 @@
 /* Block rows against several activation rows (vector builds; included by qdot.c before its matrix
  * loop): GEMM tiles whose lanes are activation rows (16 in zmm, 8 in ymm), so that a weight row's
  * scales, zero point, mins and float scales apply to all of them at once and no lane is summed
- * across. gemm_k takes K-quant rows; gemm_b32 rows of 32-column blocks (Q4_0, Q4_1, Q5_0, Q5_1,
- * and Q8_0 on AVX-512 only: on AVX2 its bytes against q + 128 would saturate vpmaddubsw). Each
- * output is rows_k_at's or row_b32_at's value for its one (activation row, weight row) pair:
+ * across. gemm_k takes K-quant rows; gemm_b32 rows of 32-column blocks (Q4_0, Q4_1, Q5_0, Q5_1
+ * and Q8_0). Each output is rows_k_at's or row_b32_at's value for its one (activation row, weight
+ * row) pair:
  *
  * - the integer sums are exact in any order. The activations are stored as q + 128 (vpdpbusd
  *   takes its unsigned bytes from them, its signed ones from the weights' values, which fit int8;
@@ -11,7 +11,10 @@
  *   values), and 128 times the weights' own sums is taken out: a K-quant superblock's
  *   s1 = sum_g sc_g (u_g . (q_g + 128)) - 128 sum_g sc_g sum(u_g), where per 16 columns
  *   |sum| <= 16 x 255 x 63, times |sc| <= 128, over 16 groups, stays below 2**31; a 32-column
- *   block's u . (q + 128) - 128 sum(u), |u . (q + 128)| <= 32 x 255 x 128;
+ *   block's u . (q + 128) - 128 sum(u), |u . (q + 128)| <= 32 x 255 x 128. Q8_0's signed bytes
+ *   against q + 128 would saturate vpmaddubsw (2 x 255 x 128 > 2**15 - 1), so AVX2 without VNNI
+ *   takes them the other way round: |u| (at most 128, unsigned) against q with u's sign (vpsignb,
+ *   at most 127 in size), pairs at most 2 x 128 x 127 < 2**15, and no 128 sum(u) to take out;
  * - the float part is the row kernels' per lane: for a superblock (dw dx) s1, then - (mw dx) s2;
  *   for a block (dw dx) s1, then + (mw dx) sum(q); into lane b mod 8 of the row's eight from +0,
  *   then fold8's order.
@@ -26,6 +29,9 @@
 enum { GW = 8, LANES = 16, GEMM_MIN_ROWS = 16 };
 #else
 enum { GW = 8, LANES = 8, GEMM_MIN_ROWS = 32 };
+#endif
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__)) && !defined(__AVXVNNI__)
+#define Q8_SIGNED 1         /* vpmaddubsw is the dot: Q8_0's tiles meet q, not q + 128 (see above) */
 #endif
 
 /* the activation rows of one input quantised with fb-column blocks, a tile of LANES at a time, lane
@@ -163,6 +169,9 @@ static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64
             int64_t l[4];
             _mm256_storeu_si256((__m256i *)l, s);
             g->c[k] = 128 * ((int32_t)(l[0] + l[1] + l[2] + l[3]) - (f == F_Q8_0 ? 32 * 128 : 0));
+#if defined(Q8_SIGNED)
+            if (f == F_Q8_0) g->c[k] = 0;
+#endif
             g->dw[k] = f16(p);
             g->mw[k] = mins ? f16(p + 2) : 0.0f;
         }
@@ -210,6 +219,9 @@ static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64
 #define V_DOT2 _mm256_dpwssd_avx_epi32
 #else
 #define V_DOT4(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+/* Q8_0: the sum of each lane's 4 products q . u, from q + 128 in a and u in b */
+#define V_DOT4_SIGNED(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16( \
+        _mm256_abs_epi8(b), _mm256_sign_epi8(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)), b)), _mm256_set1_epi16(1)))
 #define V_DOT2(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #endif
@@ -229,12 +241,7 @@ static inline __attribute__((always_inline)) void gemm_at(const Mat *m, int64_t 
 
 /* whether gemm takes a matrix of format f for n rows (else the row kernels) */
 static inline int gemm_takes(int f, int64_t n) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    if (f <= F_Q8_0) return n >= GEMM_MIN_ROWS;
-#else
-    if (f < F_Q8_0) return n >= GEMM_MIN_ROWS;      /* Q8_0's pairs of 255 x -128 would saturate vpmaddubsw */
-#endif
-    return f >= F_Q2_K && n >= GEMM_MIN_ROWS;
+    return (f <= F_Q8_0 || f >= F_Q2_K) && n >= GEMM_MIN_ROWS;
 }
 
 /* one instance per format: its shifts, masks and scales are constants */
@@ -244,9 +251,7 @@ static void gemm(const Mat *m, int64_t gi, const Tiles *t, int64_t n, Unpacked *
     case F_Q4_1: gemm_at(m, gi, t, n, g, L, F_Q4_1); return;
     case F_Q5_0: gemm_at(m, gi, t, n, g, L, F_Q5_0); return;
     case F_Q5_1: gemm_at(m, gi, t, n, g, L, F_Q5_1); return;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     case F_Q8_0: gemm_at(m, gi, t, n, g, L, F_Q8_0); return;
-#endif
     case F_Q2_K: gemm_at(m, gi, t, n, g, L, F_Q2_K); return;
     case F_Q3_K: gemm_at(m, gi, t, n, g, L, F_Q3_K); return;
     case F_Q4_K: gemm_at(m, gi, t, n, g, L, F_Q4_K); return;

@@ -86,6 +86,12 @@ static inline __attribute__((always_inline)) void gemm_b32_tile(
             for (int w = 0; w < GW; w++) {
                 int32_t u;
                 memcpy(&u, g->u + w * m->cols + 4 * k, 4);
+#if defined(Q8_SIGNED)
+                if (f == F_Q8_0) {
+                    acc[w] = V_DOT4_SIGNED(acc[w], Q, V_SET1(u));
+                    continue;
+                }
+#endif
                 acc[w] = V_DOT4(acc[w], Q, V_SET1(u));
             }
         }
