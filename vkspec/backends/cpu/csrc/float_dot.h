@@ -92,33 +92,28 @@ static inline float fl_fold_q(__m256 *Q) {
     return _mm256_cvtss_f32(v);
 }
 
-/* one activation row (R = 1) in two passes of 64 lanes (8 registers each: 16 ymm registers cannot
- * hold 128 lanes and their operands); a register g of the 16 holds lanes 8 g .. 8 g + 7 */
+/* one activation row (R = 1): all 128 lanes in one pass over the row, a register g of the 16
+ * holding lanes 8 g .. 8 g + 7. With their operands they need more than the 16 ymm registers, and
+ * the compiler keeps a few of them in L1 between steps; two passes of 64 lanes, each reading half
+ * of every step's cache lines, read a row of 6144 f16 columns from memory at 0.7-0.8 of the
+ * rate of this one pass (docs/performance.md) */
 static inline __attribute__((always_inline)) void fl_rows(const int fmt, const int R, const uint8_t *row,
                                                           int64_t steps, const float *wt, const float *const *xr,
                                                           const float *const *xt, float *const *out) {
     (void)R;
     const int es = fmt == FL_F32 ? 4 : 2;
-    __m256 Q[16];
-    for (int pass = 0; pass < 2; pass++) {
-        __m256 a[8];
-        for (int z = 0; z < 8; z++) a[z] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < steps; c++) {
-            for (int z = 0; z < 8; z++) {
-                const int64_t at = 64 * pass + 8 * z;
-                a[z] = _mm256_add_ps(a[z], _mm256_mul_ps(_mm256_loadu_ps(xr[0] + 128 * c + at),
-                                                          fl_widen8(fmt, row + (128 * c + at) * es)));
-            }
-        }
-        if (wt)
-            for (int z = 0; z < 8; z++) {
-                const int64_t at = 64 * pass + 8 * z;
-                a[z] = _mm256_add_ps(a[z], _mm256_mul_ps(_mm256_loadu_ps(xt[0] + at), _mm256_loadu_ps(wt + at)));
-            }
-        for (int z = 0; z < 8; z++) {
-            const __m256 p = _mm256_add_ps(a[z], _mm256_permute_ps(a[z], 0xB1));
-            Q[8 * pass + z] = _mm256_add_ps(p, _mm256_permute_ps(p, 0x4E));   /* lanes 2 g, 2 g + 1 at 0, 4 */
-        }
+    __m256 a[16], Q[16];
+    for (int z = 0; z < 16; z++) a[z] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < steps; c++)
+        for (int z = 0; z < 16; z++)
+            a[z] = _mm256_add_ps(a[z], _mm256_mul_ps(_mm256_loadu_ps(xr[0] + 128 * c + 8 * z),
+                                                      fl_widen8(fmt, row + (128 * c + 8 * z) * es)));
+    if (wt)
+        for (int z = 0; z < 16; z++)
+            a[z] = _mm256_add_ps(a[z], _mm256_mul_ps(_mm256_loadu_ps(xt[0] + 8 * z), _mm256_loadu_ps(wt + 8 * z)));
+    for (int z = 0; z < 16; z++) {
+        const __m256 p = _mm256_add_ps(a[z], _mm256_permute_ps(a[z], 0xB1));
+        Q[z] = _mm256_add_ps(p, _mm256_permute_ps(p, 0x4E));       /* lanes 2 g, 2 g + 1 at 0, 4 */
     }
     *out[0] = fl_fold_q(Q);
 }
