@@ -61,11 +61,18 @@ static inline void k4_words(const uint8_t *s, uint32_t *v) {
 #if defined(__AVX2__)
 /* the lines of the `bytes` after p + AHEAD into L1 ahead of a dot of several activation rows,
  * whose arithmetic per weight byte leaves the hardware prefetcher behind (8 rows of the 1.7B-width
- * Q4_K_M file 0.82-0.84x the time with it); one row streams as fast or faster without it (Q8_0 and
- * Q6_K 1.06-1.10x the time with it), so the row kernels call it only for n > 1. A bit-neutral hint.
- * Always inlined: GCC took the function, out of line, for one without effects and deleted every
- * call (the library held no prefetch instruction until this was seen) */
+ * Q4_K_M file 0.82-0.84x the time with it). One row: on the Zen 4 guest it streamed as fast or
+ * faster without it (Q8_0 and Q6_K 1.06-1.10x the time with it), on the AVX2-only Zen 3 guest
+ * slower (every K-quant and 32-column format 0.80-0.96x the time with it), so builds without
+ * AVX-512 prefetch for one row too (PREFETCH_ONE). A bit-neutral hint. Always inlined: GCC took
+ * the function, out of line, for one without effects and deleted every call (the library held no
+ * prefetch instruction until this was seen) */
 enum { AHEAD = 2048 };
+#if defined(__AVX512F__)
+enum { PREFETCH_ONE = 0 };
+#else
+enum { PREFETCH_ONE = 1 };
+#endif
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + AHEAD + o, _MM_HINT_T0);
 }

@@ -34,6 +34,7 @@ static inline __attribute__((always_inline)) __m256 group_b32(const Row *w, int6
                                                               int sgn, int mins, const int8_t *q, const float *dx,
                                                               const int32_t *s32, int raw) {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), iota);
+    if (PREFETCH_ONE && raw >= 0) prefetch_ahead(w->raw + BLOCK_BYTES[raw] * b, 8 * BLOCK_BYTES[raw]);
     I8 p[8];
     for (int k = 0; k < 8; k++) {
         if (k >= cnt) { p[k] = _mm256_setzero_si256(); continue; }

@@ -141,7 +141,7 @@ static inline __attribute__((always_inline)) void rows_k_at(
         /* the integer parts first, in the bytes' order: reading the 8 float scales first touched 8
          * superblocks' lines ahead of the stream, and one thread waited on memory for most of a row */
         for (int j = 0; j < rem; j++) {
-            if (n > 1) prefetch_ahead(w->raw + bb * (b + j), bb);
+            if (n > 1 || PREFETCH_ONE) prefetch_ahead(w->raw + bb * (b + j), bb);
             sb_rows(f, w->raw + bb * (b + j), q, n, cols, 256 * (b + j), P, j, &m16[j]);
         }
         sb_floats_held(f, w->raw + bb * b, bb, rem, &dw, &mw);
@@ -172,7 +172,7 @@ static inline __attribute__((always_inline)) void rows_k_short_at(
     __m256 dw, mw;
     __m256i m16[8];
     for (int j = 0; j < slots; j++) {
-        if (n > 1) prefetch_ahead(raw + bb * j, bb);
+        if (n > 1 || PREFETCH_ONE) prefetch_ahead(raw + bb * j, bb);
         sb_rows(f, raw + bb * j, q, n, cols, 256 * (j % nb), P, j, &m16[j]);
     }
     sb_floats_held(f, raw, bb, slots, &dw, &mw);     /* after: as in rows_k_at */
