@@ -377,9 +377,7 @@ static int run(const Mat *mats, int count, Input *ins, int nin, const int *at, i
                     const int64_t i0 = c * chunk, i1 = i0 + chunk < m->rows ? i0 + chunk : m->rows;
                     if (m->fmt >= F_Q2_K) rows_k_span(m, i0, i1, &in->a[1], in->n, P, L);
                     else if (m->fmt <= F_Q8_0 && in->n == 1) rows_b32_span(m, i0, i1, &in->a[0]);
-#if defined(__AVX512VL__)
                     else if (m->fmt <= F_Q8_0 && in->n <= TILE) rows_b32_rows_span(m, i0, i1, &in->a[0], in->n);
-#endif
                     else rows_b32_n_span(m, i0, i1, &in->a[0], in->n, &o);
                 }
                 continue;

@@ -113,11 +113,11 @@ static void rows_b32_span(const Mat *m, int64_t i0, int64_t i1, const Acts *a) {
     }
 }
 
-#if defined(__AVX512VL__)
 /* blocks b .. b + cnt - 1 of a row against n activation rows (2 to 8): the blocks' values and float
  * scales made once, in registers, then met by every row; each row's float part is group_b32's and
- * lands in its own lanes. AVX-512 only: with AVX2's 16 registers the held values spill (4 rows of
- * SmolLM2's 576 columns 3% slower than rows_b32_n_span) */
+ * lands in its own lanes. With AVX2's 16 registers the held values spill, yet on an AVX2-only
+ * core this beat decoding each row into bytes and reading them back per activation row, at real
+ * widths and at SmolLM2's (docs/performance.md) */
 static inline __attribute__((always_inline)) void group_b32_rows(const uint8_t *raw, int64_t b, const int cnt,
                                                                  __m256i iota, const Acts *a, int64_t n, int64_t nb,
                                                                  __m256 *lanes, const int f) {
@@ -164,7 +164,6 @@ static void rows_b32_rows_span(const Mat *m, int64_t i0, int64_t i1, const Acts 
     default:     rows_b32_rows_span_at(m, i0, i1, a, n, F_Q8_0); return;
     }
 }
-#endif
 
 /* the same against more activation rows (int8 and int4-g64: any number): each row decoded once
  * (decode_row) and met by every activation row, the format's zero point, sign and mins constants
