@@ -219,9 +219,9 @@ static inline __attribute__((always_inline)) void unpack_b32(const Mat *m, int64
 #define V_DOT2 _mm256_dpwssd_avx_epi32
 #else
 #define V_DOT4(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
-/* Q8_0: the sum of each lane's 4 products q . u, from q + 128 in a and u in b */
-#define V_DOT4_SIGNED(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(b), \
-        _mm256_sign_epi8(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)), b)), _mm256_set1_epi16(1)))
+/* Q8_0: the sum of each lane's 4 products q . u, from q in a and u in b */
+#define V_DOT4_SIGNED(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16( \
+        _mm256_maddubs_epi16(_mm256_abs_epi8(b), _mm256_sign_epi8(a, b)), _mm256_set1_epi16(1)))
 #define V_DOT2(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 #endif

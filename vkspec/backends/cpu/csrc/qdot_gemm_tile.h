@@ -83,12 +83,15 @@ static inline __attribute__((always_inline)) void gemm_b32_tile(
         for (int j = 0; j < 8; j++) {
             const int64_t k = 8 * b + j;
             const VI Q = V_LOAD(tq + 4 * LANES * k);
+#if defined(Q8_SIGNED)
+            const VI Qs = f == F_Q8_0 ? _mm256_xor_si256(Q, _mm256_set1_epi8((char)0x80)) : Q;   /* q, once */
+#endif
             for (int w = 0; w < GW; w++) {
                 int32_t u;
                 memcpy(&u, g->u + w * m->cols + 4 * k, 4);
 #if defined(Q8_SIGNED)
                 if (f == F_Q8_0) {
-                    acc[w] = V_DOT4_SIGNED(acc[w], Q, V_SET1(u));
+                    acc[w] = V_DOT4_SIGNED(acc[w], Qs, V_SET1(u));
                     continue;
                 }
 #endif
